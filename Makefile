@@ -1,0 +1,16 @@
+# The two commands: `make demo` (the main job) and `make test`.
+# Each sets up .venv first if needed (scripts/setup_env.sh is idempotent).
+PY := .venv/bin/python
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: setup demo test
+
+setup:
+	@bash scripts/setup_env.sh
+
+demo: setup
+	$(PY) scripts/demo.py
+
+test: setup
+	$(PY) -m pytest -q test/registered

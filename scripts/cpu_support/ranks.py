@@ -1,0 +1,107 @@
+"""Run a function on N gloo ranks (one process each) and fail fast.
+
+Each rank is a fresh ``spawn`` process that calls
+:func:`cpu_support.standins.prepare_cpu_process` before anything imports
+sglang, then ``fn(rank, world_size, init_method, *args)``. The parent returns
+the list of per-rank results. If any rank raises or dies, the others are
+killed at once and the parent raises with that rank's traceback: a dead
+worker must never leave a collective hanging.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any, Callable, List
+
+
+class RankFailed(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(fn, rank, world_size, init_method, args, kwargs, results, threads):
+    try:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        from cpu_support.standins import prepare_cpu_process
+
+        prepare_cpu_process()
+        import torch
+
+        torch.set_num_threads(threads)
+        value = fn(rank, world_size, init_method, *args, **kwargs)
+        results.put((rank, True, value))
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        results.put((rank, False, traceback.format_exc()))
+        raise SystemExit(1)
+
+
+def run_on_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 600.0,
+    threads_per_rank: int = 1,
+    **kwargs: Any,
+) -> List[Any]:
+    """``[fn(0, ...), fn(1, ...), ...]`` computed on ``world_size`` processes."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    procs = [
+        ctx.Process(
+            target=_child,
+            args=(fn, r, world_size, init_method, args, kwargs, results, threads_per_rank),
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    out: dict = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < world_size:
+            try:
+                rank, ok, value = results.get(timeout=0.2)
+            except queue.Empty:
+                for r, p in enumerate(procs):
+                    if r not in out and not p.is_alive() and p.exitcode not in (0, None):
+                        # Give a reporting rank a moment to flush its traceback.
+                        try:
+                            rank, ok, value = results.get(timeout=1.0)
+                        except queue.Empty:
+                            raise RankFailed(
+                                f"rank {r} died with exit code {p.exitcode} "
+                                "before reporting a result"
+                            ) from None
+                        break
+                else:
+                    if time.monotonic() > deadline:
+                        raise RankFailed(
+                            f"ranks timed out after {timeout:.0f}s; "
+                            f"finished: {sorted(out)}"
+                        )
+                    continue
+            if not ok:
+                raise RankFailed(f"rank {rank} failed:\n{value}")
+            out[rank] = value
+        return [out[r] for r in range(world_size)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)

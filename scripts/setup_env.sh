@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One-command CPU environment: .venv with torch, sglang 0.5.23 (--no-deps), the
+# exact-pinned CPU requirements, the CPU stand-ins, and the patch series applied.
+# Safe to re-run: installs are skipped while the requirement files are unchanged,
+# and applying the series twice is a no-op.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+VENV=$ROOT/.venv
+PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+
+inputs_hash() {
+  cat requirements/*.txt scripts/setup_env.sh \
+    $(find scripts/cpu_support/standin_pkgs -type f -not -path '*/__pycache__/*' 2>/dev/null | sort) \
+    | sha256sum | cut -c1-16
+}
+STAMP=$VENV/.fork-setup-$(inputs_hash)
+
+quiet() { grep -v -e "^WARNING: Location" -e "^$" || true; }
+
+if [ ! -f "$STAMP" ]; then
+  echo "setup: installing torch (from local disk), sglang --no-deps and CPU requirements"
+  $PIP install -r requirements/torch.txt 2>&1 | quiet
+  $PIP install --no-deps -r requirements/sglang.txt 2>&1 | quiet
+  $PIP install -r requirements/cpu.txt 2>&1 | quiet
+  for pkg in scripts/cpu_support/standin_pkgs/*/; do
+    [ -f "$pkg/pyproject.toml" ] && $PIP install --no-deps --force-reinstall "$pkg" 2>&1 | quiet
+  done
+  # Pristine release wheels: the apply tool's tests and rebases read them.
+  mkdir -p .cache/wheels
+  $PIP download --no-deps -d .cache/wheels sglang==0.5.22 sglang==0.5.23 2>&1 | quiet
+  rm -f "$VENV"/.fork-setup-*
+  touch "$STAMP"
+fi
+
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$VENV/bin/python" scripts/series.py apply --target "$SITE"
