@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import time
@@ -39,7 +40,9 @@ def _child(fn, rank, world_size, init_method, args, kwargs, results, threads):
 
         torch.set_num_threads(threads)
         value = fn(rank, world_size, init_method, *args, **kwargs)
-        results.put((rank, True, value))
+        # Plain pickle bytes: tensors sent through a multiprocessing queue
+        # otherwise travel as shared-memory handles that die with this process.
+        results.put((rank, True, pickle.dumps(value)))
     except BaseException:  # noqa: BLE001 - report everything to the parent
         results.put((rank, False, traceback.format_exc()))
         raise SystemExit(1)
@@ -94,7 +97,7 @@ def run_on_ranks(
                     continue
             if not ok:
                 raise RankFailed(f"rank {rank} failed:\n{value}")
-            out[rank] = value
+            out[rank] = pickle.loads(value)
         return [out[r] for r in range(world_size)]
     finally:
         for p in procs:
