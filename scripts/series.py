@@ -1,0 +1,1408 @@
+#!/usr/bin/env python3
+"""Apply, check, revert and maintain the fork's patch series over SGLang.
+
+The fork is not a copy of SGLang. It is a *patch series* over a pinned PyPI
+release of the ``sglang`` package, plus an *overlay* of new modules:
+
+* ``patches/series`` lists the patch files in the order they apply (one name a
+  line; blank lines and ``#`` comments are ignored).
+* ``patches/<subject-slug>.patch`` are ``git format-patch`` files whose paths
+  are ``a/sglang/...``: relative to the directory that HOLDS the ``sglang``
+  package (``site-packages`` of an install, ``python/`` of a source checkout
+  such as ``/sgl-workspace/sglang/python`` in the ROCm docker image).
+* Every file under the repository's ``python/sglang/**`` (``__pycache__`` and
+  ``*.pyc`` skipped) is a NEW module the series adds at that upstream path.
+
+The series hash is a sha256 over the series file, every patch's bytes, and
+every overlay file's relative path and bytes; ``apply`` records it in a stamp.
+
+Subcommands (each takes ``--target DIR``, the directory that holds ``sglang/``)
+
+  check    dry run in a temporary staging copy of the touched files; exit 0
+           when the whole series applies, else exit 1 with one line per
+           failing patch naming the patch, the file and the hunk.
+  apply    atomic and idempotent: the whole series is applied in a staging
+           copy with ``git apply``; only when every patch applied are the
+           results copied into the target, after byte-exact backups of every
+           original were saved in ``TARGET/sglang/.fork-series/`` (with
+           ``stamp.json``). A failure while copying rolls everything back.
+           Applying the same series again prints "already applied".
+           Refuses a directory without ``sglang/version.py``, an sglang
+           version that is not a supported base (``--force`` overrides only
+           this check), and a target where a different series is applied.
+  revert   restores the upstream files byte-identically from the backups,
+           removes overlay files and the stamp ("not applied" when nothing is).
+  status   the sglang version, whether a series is applied (the current one
+           or a different one) and which patches; ``--json`` for scripts.
+
+The developer's loop (modelled on Electron's git-import-patches /
+git-export-patches)
+
+  import   turn a pristine tree into a git repository: one commit with the
+           pristine ``sglang/`` (tag ``upstream-<version>``, branch
+           ``upstream``), one commit per patch (``git am --3way``), then one
+           "fork overlay" commit with the overlay files.
+  (edit)   ordinary git in that repository: ``git commit --fixup=<sha>``,
+           ``git rebase -i --autosquash upstream``, new commits for new
+           patches, ``git commit --fixup`` onto "fork overlay" for overlay
+           files.
+  export   write ``upstream..HEAD`` back as patch files (one per commit, name
+           = slug of the subject) and rewrite ``series`` in commit order;
+           changes to overlay paths go back to ``python/sglang/...``.
+  rebase   commit a new release's pristine ``sglang/`` as the new upstream
+           and ``git rebase --onto`` it (3-way); a conflict stops with the
+           patch and files named; resolve, ``git rebase --continue``, export,
+           then ``check`` against a pristine tree of the new release.
+
+Errors are one line on stderr, prefixed ``series.py: error:``, with a
+non-zero exit (2; ``check`` uses 1 for "does not apply"). Nothing is left
+half-done: the target is only written after everything was validated and
+staged. Python 3.11, standard library only; git must be on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_SERIES_DIR = REPO / "patches"
+DEFAULT_OVERLAY_DIR = REPO / "python"
+SUPPORTED_BASES = ("0.5.22", "0.5.23")
+
+PKG = "sglang"
+STAMP_DIR = ".fork-series"  # TARGET/sglang/.fork-series/
+PARTIAL_DIR = ".fork-series.partial"  # exists only while apply copies back
+STAMP_FILE = "stamp.json"
+ORIGINALS = "originals"
+STAMP_FORMAT = 1
+
+WORK_BRANCH = "fork"
+UPSTREAM_BRANCH = "upstream"
+OVERLAY_SUBJECT = "fork overlay"
+UPSTREAM_IDENT = ("sglang upstream", "upstream@sglang.invalid")
+FALLBACK_IDENT = ("series.py", "series.py@localhost")
+
+# Only for the test suite: raise after this many files were copied back, to
+# prove that a failure during copy-back rolls the target back.
+_FAULT_ENV = "SERIES_PY_TEST_FAIL_COPY_AFTER"
+
+EXIT_ERROR = 2
+EXIT_CHECK_FAILED = 1
+
+
+class SeriesError(Exception):
+    """A one-line, user-facing error."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR):
+        super().__init__(message)
+        self.code = code
+
+
+# --------------------------------------------------------------------------
+# git plumbing
+# --------------------------------------------------------------------------
+
+_GIT_REPO_VARS = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_PREFIX",
+    "GIT_NAMESPACE",
+)
+
+
+def _git_env(isolated: bool = False, ceiling: Path | None = None, **extra) -> dict:
+    env = dict(os.environ)
+    for var in _GIT_REPO_VARS:
+        env.pop(var, None)
+    env["LC_ALL"] = "C"
+    env["LANGUAGE"] = "C"
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    if isolated:
+        # No user/system config: output must not depend on the developer's
+        # apply.whitespace, diff.algorithm, format.* settings.
+        env["GIT_CONFIG_NOSYSTEM"] = "1"
+        env["GIT_CONFIG_GLOBAL"] = os.devnull
+    if ceiling is not None:
+        # Never discover an enclosing repository (the target or the temp dir
+        # may live inside a git checkout): git apply then acts as a plain
+        # patch tool relative to its working directory.
+        env["GIT_CEILING_DIRECTORIES"] = str(ceiling)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _git(args, cwd, env=None, check=True, input_bytes=None) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(
+            ["git", *args],
+            cwd=str(cwd),
+            env=env if env is not None else _git_env(),
+            input=input_bytes,
+            capture_output=True,
+        )
+    except FileNotFoundError:
+        raise SeriesError("git not found on PATH (the tool drives git apply/am/format-patch)")
+    if check and proc.returncode != 0:
+        msg = _first_error_line(proc)
+        raise SeriesError(f"git {args[0]} failed in {cwd}: {msg}")
+    return proc
+
+
+def _out(proc) -> str:
+    return proc.stdout.decode("utf-8", "replace")
+
+
+def _err(proc) -> str:
+    return proc.stderr.decode("utf-8", "replace")
+
+
+def _first_error_line(proc) -> str:
+    text = (_err(proc) + "\n" + _out(proc)).strip().splitlines()
+    for line in text:
+        if line.startswith(("fatal:", "error:")):
+            return line.strip()
+    return text[0].strip() if text else f"exit status {proc.returncode}"
+
+
+# --------------------------------------------------------------------------
+# the series
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class Hunk:
+    header: str  # "@@ -9,14 +9,13 @@"
+    old_start: int
+
+
+@dataclass
+class FileDiff:
+    old: str | None  # None for a new file
+    new: str | None  # None for a deleted file
+    hunks: list[Hunk] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return self.new or self.old or "?"
+
+
+@dataclass
+class Patch:
+    name: str
+    data: bytes
+    files: list[FileDiff]
+
+    def touched(self) -> list[str]:
+        out = []
+        for f in self.files:
+            for p in (f.old, f.new):
+                if p and p not in out:
+                    out.append(p)
+        return out
+
+
+@dataclass
+class Series:
+    series_dir: Path
+    overlay_dir: Path
+    header: list[str]
+    patches: list[Patch]
+    overlay: list[str]  # "sglang/..." relative paths
+    hash: str
+
+    @property
+    def names(self) -> list[str]:
+        return [p.name for p in self.patches]
+
+    def touched(self) -> list[str]:
+        out: list[str] = []
+        for p in self.patches:
+            for t in p.touched():
+                if t not in out:
+                    out.append(t)
+        return out
+
+
+_HUNK_RE = re.compile(r"^(@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@)")
+
+
+def _check_rel(path: str, where: str) -> str:
+    parts = path.split("/")
+    if (
+        not path
+        or path.startswith("/")
+        or parts[0] != PKG
+        or len(parts) < 2
+        or any(p in ("", ".", "..") for p in parts)
+        or parts[1] in (STAMP_DIR, PARTIAL_DIR)
+    ):
+        raise SeriesError(f"{where}: path {path!r} is not a file inside the {PKG}/ package")
+    return path
+
+
+def parse_patch(name: str, data: bytes) -> Patch:
+    """Read the file list and hunk headers of a git-format patch (no diffing)."""
+    text = data.decode("utf-8", "surrogateescape")
+    files: list[FileDiff] = []
+    cur: FileDiff | None = None
+    in_hunks = False
+    for line in text.split("\n"):
+        if line.startswith("diff --git "):
+            rest = line[len("diff --git ") :]
+            if rest.startswith('"'):
+                raise SeriesError(f"{name}: quoted path in {line!r} is not supported")
+            # "a/P b/P": both halves are equal for a plain modification.
+            half = (len(rest) - 1) // 2
+            a, b = rest[:half], rest[half + 1 :]
+            if not (a.startswith("a/") and b.startswith("b/")) or a[2:] != b[2:]:
+                # Renames/copies: the real names come from the extended headers.
+                a, b = "a/", "b/"
+            cur = FileDiff(old=a[2:] or None, new=b[2:] or None)
+            files.append(cur)
+            in_hunks = False
+            continue
+        if cur is None:
+            continue
+        if not in_hunks:
+            if line.startswith(("rename from ", "copy from ")):
+                cur.old = line.split(" ", 2)[2]
+            elif line.startswith(("rename to ", "copy to ")):
+                cur.new = line.split(" ", 2)[2]
+            elif line.startswith("new file mode"):
+                cur.old = None
+            elif line.startswith("deleted file mode"):
+                cur.new = None
+        m = _HUNK_RE.match(line)
+        if m:
+            in_hunks = True
+            cur.hunks.append(Hunk(header=m.group(1), old_start=int(m.group(2))))
+    if not files:
+        raise SeriesError(f"{name}: no 'diff --git' section (not a git-format patch)")
+    for f in files:
+        for p in (f.old, f.new):
+            if p is not None:
+                _check_rel(p, name)
+        if f.old is None and f.new is None:
+            raise SeriesError(f"{name}: cannot read the file names of a diff section")
+    return Patch(name=name, data=data, files=files)
+
+
+def _overlay_files(overlay_dir: Path) -> list[str]:
+    root = overlay_dir / PKG
+    if not root.is_dir():
+        return []
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for fn in sorted(filenames):
+            if fn.endswith((".pyc", ".pyo")):
+                continue
+            full = Path(dirpath) / fn
+            out.append(full.relative_to(overlay_dir).as_posix())
+    return sorted(out)
+
+
+def read_series_names(series_dir: Path) -> tuple[list[str], list[str]]:
+    """(header comment lines, patch names) of a series file."""
+    path = series_dir / "series"
+    if not path.is_file():
+        raise SeriesError(f"no series file at {path}")
+    header: list[str] = []
+    names: list[str] = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            if not names:
+                header.append(raw)
+            continue
+        if "/" in line or line in (".", ".."):
+            raise SeriesError(f"{path}: {line!r} is not a patch file name")
+        if line in names:
+            raise SeriesError(f"{path}: {line!r} is listed twice")
+        names.append(line)
+    return header, names
+
+
+def load_series(series_dir: Path, overlay_dir: Path) -> Series:
+    series_dir = series_dir.resolve()
+    overlay_dir = overlay_dir.resolve()
+    header, names = read_series_names(series_dir)
+    h = hashlib.sha256()
+    h.update(b"series\0")
+    h.update((series_dir / "series").read_bytes())
+    patches = []
+    for name in names:
+        p = series_dir / name
+        if not p.is_file():
+            raise SeriesError(f"patch {name!r} listed in {series_dir / 'series'} does not exist")
+        data = p.read_bytes()
+        patches.append(parse_patch(name, data))
+        h.update(b"\0patch\0" + name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    overlay = _overlay_files(overlay_dir)
+    for rel in overlay:
+        data = (overlay_dir / rel).read_bytes()
+        h.update(b"\0overlay\0" + rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    series = Series(series_dir, overlay_dir, header, patches, overlay, h.hexdigest())
+    clash = sorted(set(overlay) & set(series.touched()))
+    if clash:
+        raise SeriesError(
+            f"{clash[0]} is both an overlay file (under {overlay_dir}) and patched by the series"
+        )
+    return series
+
+
+# --------------------------------------------------------------------------
+# the target
+# --------------------------------------------------------------------------
+
+_VERSION_RE = re.compile(r"""^__version__\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+
+
+def require_sglang(target: Path) -> Path:
+    if not (target / PKG / "version.py").is_file():
+        raise SeriesError(
+            f"{target} holds no sglang package (no {target / PKG / 'version.py'}); "
+            "pass the directory that CONTAINS sglang/ (site-packages, or python/ of a checkout)"
+        )
+    return target
+
+
+def sglang_version(target: Path) -> str | None:
+    """__version__ of TARGET/sglang without importing it.
+
+    version.py (a literal), then the build-generated _version.py, then the
+    dist-info METADATA that pip writes beside the package.
+    """
+    for name in ("version.py", "_version.py"):
+        p = target / PKG / name
+        if p.is_file():
+            m = _VERSION_RE.search(p.read_text(encoding="utf-8", errors="replace"))
+            if m:
+                return m.group(1)
+    for meta in sorted(target.glob("sglang-*.dist-info/METADATA")):
+        for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def require_supported(target: Path, version: str | None, force: bool) -> None:
+    if version in SUPPORTED_BASES or force:
+        return
+    shown = version if version else "of unknown version"
+    raise SeriesError(
+        f"sglang {shown} in {target} is not a supported base "
+        f"(supported: {', '.join(SUPPORTED_BASES)}); pass --force to apply anyway"
+    )
+
+
+def _stamp_paths(target: Path) -> tuple[Path, Path]:
+    return target / PKG / STAMP_DIR, target / PKG / PARTIAL_DIR
+
+
+def read_stamp(target: Path) -> dict | None:
+    stamp_dir, partial = _stamp_paths(target)
+    if partial.exists():
+        raise SeriesError(
+            f"an interrupted apply left {partial}; run `series.py revert --target {target}` first"
+        )
+    if not stamp_dir.exists():
+        return None
+    try:
+        stamp = json.loads((stamp_dir / STAMP_FILE).read_text(encoding="utf-8"))
+        if stamp.get("format") != STAMP_FORMAT:
+            raise ValueError("unknown stamp format")
+    except (OSError, ValueError) as exc:
+        raise SeriesError(f"unreadable stamp {stamp_dir / STAMP_FILE}: {exc}")
+    return stamp
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_atomic(src: Path, dst: Path) -> None:
+    """Replace dst by a copy of src (bytes and mode) without a torn state."""
+    tmp = dst.with_name(f".{dst.name}.series-tmp")
+    shutil.copyfile(src, tmp)
+    shutil.copymode(src, tmp)
+    os.replace(tmp, dst)
+
+
+def _restore(backup: Path, dst: Path) -> None:
+    """Put an original back byte-identically (bytes, mode, times)."""
+    tmp = dst.with_name(f".{dst.name}.series-tmp")
+    shutil.copy2(backup, tmp)
+    os.replace(tmp, dst)
+
+
+def _missing_dirs(target: Path, rel: str) -> list[str]:
+    """Parent dirs of rel that do not exist in target (outermost first)."""
+    out = []
+    parts = rel.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        d = "/".join(parts[:i])
+        if not (target / d).exists():
+            out.append(d)
+    return out
+
+
+# --------------------------------------------------------------------------
+# staging: apply the series with git apply in a temporary mirror
+# --------------------------------------------------------------------------
+
+_APPLYING_RE = re.compile(r"^Applying patch (.+?) with \d+ rejects?\.\.\.$")
+_REJECTED_RE = re.compile(r"^Rejected hunk #(\d+)\.$")
+_FAILED_AT_RE = re.compile(r"^error: patch failed: (.+):(\d+)$")
+
+
+@dataclass
+class Failure:
+    patch: str
+    problems: list[str]
+
+    def line(self) -> str:
+        return f"FAILED {self.patch}: " + "; ".join(self.problems)
+
+
+def _describe(patch: Patch, output: str) -> list[str]:
+    """Turn git apply --reject output into 'FILE hunk #N (@@ ... @@)' items."""
+    by_file: dict[str, list[FileDiff]] = {}
+    for f in patch.files:
+        by_file.setdefault(f.path, []).append(f)
+    problems: list[str] = []
+    rejected: dict[str, list[int]] = {}
+    failed_lines: dict[str, list[int]] = {}
+    current = None
+    other: list[str] = []
+    for line in output.splitlines():
+        m = _APPLYING_RE.match(line)
+        if m:
+            current = m.group(1)
+            continue
+        m = _REJECTED_RE.match(line)
+        if m and current:
+            rejected.setdefault(current, []).append(int(m.group(1)))
+            continue
+        m = _FAILED_AT_RE.match(line)
+        if m:
+            failed_lines.setdefault(m.group(1), []).append(int(m.group(2)))
+            continue
+        if line.startswith("error: ") and not line.endswith(
+            ("patch does not apply", "while searching for:")
+        ):
+            other.append(line[len("error: ") :].strip())
+
+    def header(path: str, number: int) -> str:
+        hunks = [h for f in by_file.get(path, []) for h in f.hunks]
+        return f" ({hunks[number - 1].header})" if 0 < number <= len(hunks) else ""
+
+    for path, numbers in rejected.items():
+        for n in numbers:
+            problems.append(f"{path} hunk #{n}{header(path, n)} does not apply")
+    for path, lines in failed_lines.items():
+        if path in rejected:
+            continue
+        hunks = [h for f in by_file.get(path, []) for h in f.hunks]
+        for ln in lines:
+            idx = next((i for i, h in enumerate(hunks) if h.old_start == ln), None)
+            if idx is None:
+                problems.append(f"{path} hunk at line {ln} does not apply")
+            else:
+                problems.append(f"{path} hunk #{idx + 1} ({hunks[idx].header}) does not apply")
+    problems.extend(other)
+    if not problems:
+        tail = output.strip().splitlines()
+        problems.append(tail[-1] if tail else "git apply failed")
+    return problems
+
+
+def stage_series(series: Series, sources: dict[str, Path], work: Path) -> tuple[Path, list[Failure]]:
+    """Copy the touched files into work/tree and apply the series there.
+
+    `sources` maps each touched relative path that exists upstream to the file
+    holding its upstream bytes. Failing patches are reported and skipped (their
+    good hunks stay applied) so that later patches are still tried.
+    """
+    tree = work / "tree"
+    tree.mkdir()
+    for rel, src in sources.items():
+        dst = tree / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    env = _git_env(isolated=True, ceiling=work)
+    failures: list[Failure] = []
+    for i, patch in enumerate(series.patches):
+        pfile = work / f"patch-{i:03d}.patch"
+        pfile.write_bytes(patch.data)
+        proc = _git(
+            ["apply", "--reject", "--whitespace=nowarn", "--verbose", str(pfile)],
+            cwd=tree,
+            env=env,
+            check=False,
+        )
+        for rel in patch.touched():
+            rej = tree / (rel + ".rej")
+            if rej.exists():
+                rej.unlink()
+        if proc.returncode != 0:
+            failures.append(Failure(patch.name, _describe(patch, _err(proc) + "\n" + _out(proc))))
+    return tree, failures
+
+
+def _pristine_sources(target: Path, series: Series, stamp: dict | None) -> dict[str, Path]:
+    """Where each touched file's upstream bytes are (backups if applied)."""
+    backups: dict[str, dict] = {}
+    if stamp:
+        backups = {e["path"]: e for e in stamp["files"]}
+    stamp_dir, _ = _stamp_paths(target)
+    out = {}
+    for rel in series.touched():
+        if rel in backups:
+            if backups[rel]["existed"]:
+                out[rel] = stamp_dir / ORIGINALS / rel
+            continue
+        src = target / rel
+        if src.is_symlink():
+            raise SeriesError(f"{src} is a symlink; refusing to patch through it")
+        if src.is_file():
+            out[rel] = src
+        elif src.exists():
+            raise SeriesError(f"{src} is not a regular file")
+    return out
+
+
+# --------------------------------------------------------------------------
+# subcommands: check / apply / revert / status
+# --------------------------------------------------------------------------
+
+
+def cmd_check(args) -> int:
+    target = require_sglang(Path(args.target).resolve())
+    series = load_series(args.series_dir, args.overlay_dir)
+    version = sglang_version(target)
+    stamp = read_stamp(target)
+    if version not in SUPPORTED_BASES:
+        print(
+            f"series.py: warning: sglang {version or '(unknown version)'} is not a supported "
+            f"base ({', '.join(SUPPORTED_BASES)}); checking anyway",
+            file=sys.stderr,
+        )
+    if stamp:
+        print(f"note: a series is applied to {target}; checking against its upstream backups")
+    sources = _pristine_sources(target, series, stamp)
+    overlay_problems = []
+    applied_overlay = set(stamp.get("overlay", [])) if stamp else set()
+    for rel in series.overlay:
+        dst = target / rel
+        if rel in applied_overlay:
+            continue
+        if dst.exists() and (not dst.is_file() or dst.read_bytes() != (series.overlay_dir / rel).read_bytes()):
+            overlay_problems.append(f"FAILED overlay: {rel} already exists in the target with different content")
+    with tempfile.TemporaryDirectory(prefix="series-check-") as tmp:
+        _, failures = stage_series(series, sources, Path(tmp))
+    for f in failures:
+        print(f.line())
+    for line in overlay_problems:
+        print(line)
+    if failures or overlay_problems:
+        print(
+            f"series.py: error: {len(failures)} of {len(series.patches)} patch(es) do not apply to "
+            f"sglang {version} at {target}"
+            + (f"; {len(overlay_problems)} overlay conflict(s)" if overlay_problems else ""),
+            file=sys.stderr,
+        )
+        return EXIT_CHECK_FAILED
+    print(
+        f"ok: {len(series.patches)} patch(es) and {len(series.overlay)} overlay file(s) "
+        f"apply cleanly to sglang {version} at {target}"
+    )
+    return 0
+
+
+def cmd_apply(args) -> int:
+    target = require_sglang(Path(args.target).resolve())
+    version = sglang_version(target)
+    stamp = read_stamp(target)
+    series = load_series(args.series_dir, args.overlay_dir)
+    if stamp:
+        if stamp["series_hash"] == series.hash:
+            print(
+                f"already applied: series {series.hash[:12]} ({len(series.patches)} patch(es)) "
+                f"on sglang {stamp.get('sglang_version')} at {target}"
+            )
+            return 0
+        raise SeriesError(
+            f"a different series ({stamp['series_hash'][:12]}, {len(stamp['patches'])} patch(es)) "
+            f"is already applied to {target}; run `series.py revert --target {target}` first"
+        )
+    require_supported(target, version, args.force)
+
+    sources = _pristine_sources(target, series, None)
+    overlay_new, overlay_same = [], []
+    for rel in series.overlay:
+        dst = target / rel
+        if dst.is_symlink() or (dst.exists() and not dst.is_file()):
+            raise SeriesError(f"{dst} exists and is not a regular file; refusing to overlay it")
+        if dst.exists():
+            if dst.read_bytes() != (series.overlay_dir / rel).read_bytes():
+                raise SeriesError(
+                    f"{dst} already exists with different content; refusing to overwrite it "
+                    f"with the overlay file {series.overlay_dir / rel}"
+                )
+            overlay_same.append(rel)
+        else:
+            for d in _missing_dirs(target, rel):
+                p = target / d
+                if p.exists() and not p.is_dir():
+                    raise SeriesError(f"{p} is not a directory; cannot place {rel} there")
+            overlay_new.append(rel)
+
+    with tempfile.TemporaryDirectory(prefix="series-apply-") as tmp:
+        tree, failures = stage_series(series, sources, Path(tmp))
+        if failures:
+            for f in failures:
+                print(f.line(), file=sys.stderr)
+            raise SeriesError(
+                f"{len(failures)} of {len(series.patches)} patch(es) do not apply to sglang "
+                f"{version} at {target}; target left unchanged"
+            )
+        _commit_apply(target, series, version, tree, overlay_new, overlay_same)
+    print(
+        f"applied series {series.hash[:12]}: {len(series.patches)} patch(es), "
+        f"{len(overlay_new)} overlay file(s) to sglang {version} at {target}"
+    )
+    for name in series.names:
+        print(f"  {name}")
+    return 0
+
+
+def _commit_apply(target, series, version, tree, overlay_new, overlay_same) -> None:
+    stamp_dir, partial = _stamp_paths(target)
+    touched = series.touched()
+    files = []
+    created_dirs: list[str] = []
+    writes: list[tuple[Path, Path]] = []  # (staged result, target path)
+    deletes: list[Path] = []
+    for rel in touched:
+        existed = (target / rel).is_file()
+        result = tree / rel
+        entry = {"path": rel, "existed": existed}
+        if result.is_file():
+            entry["applied_sha256"] = _sha(result)
+            for d in _missing_dirs(target, rel):
+                if d not in created_dirs:
+                    created_dirs.append(d)
+            writes.append((result, target / rel))
+        elif existed:
+            entry["applied_sha256"] = None
+            deletes.append(target / rel)
+        files.append(entry)
+    for rel in overlay_new:
+        for d in _missing_dirs(target, rel):
+            if d not in created_dirs:
+                created_dirs.append(d)
+        writes.append((series.overlay_dir / rel, target / rel))
+
+    stamp = {
+        "format": STAMP_FORMAT,
+        "tool": "scripts/series.py",
+        "series_hash": series.hash,
+        "patches": series.names,
+        "overlay": overlay_new,
+        "overlay_preexisting": overlay_same,
+        "files": files,
+        "created_dirs": created_dirs,
+        "sglang_version": version,
+        "applied_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+    fail_after = os.environ.get(_FAULT_ENV)
+    fail_after = int(fail_after) if fail_after else None
+    partial.mkdir()
+    try:
+        for entry in files:
+            if entry["existed"]:
+                b = partial / ORIGINALS / entry["path"]
+                b.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(target / entry["path"], b)
+        (partial / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
+        for n, (src, dst) in enumerate(writes):
+            if fail_after is not None and n >= fail_after:
+                raise OSError(f"injected failure after {n} file(s) ({_FAULT_ENV})")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(src, dst)
+        for dst in deletes:
+            dst.unlink()
+        os.rename(partial, stamp_dir)
+    except BaseException as exc:
+        problem = _undo(target, partial, stamp)
+        detail = f"{type(exc).__name__}: {exc}" if not isinstance(exc, SeriesError) else str(exc)
+        if problem:
+            raise SeriesError(
+                f"apply failed while writing the target ({detail}) and the rollback failed too "
+                f"({problem}); backups are kept in {partial}"
+            )
+        raise SeriesError(f"apply failed while writing the target ({detail}); target rolled back")
+
+
+def _undo(target: Path, stamp_dir: Path, stamp: dict) -> str | None:
+    """Put the upstream bytes back from stamp_dir; remove what the series added."""
+    problem = None
+    for entry in stamp["files"]:
+        dst = target / entry["path"]
+        try:
+            if entry["existed"]:
+                b = stamp_dir / ORIGINALS / entry["path"]
+                if b.is_file():
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    _restore(b, dst)
+                elif dst.exists() and entry.get("applied_sha256") and _sha(dst) == entry["applied_sha256"]:
+                    problem = problem or f"no backup of {entry['path']}"
+            elif dst.is_file() or dst.is_symlink():
+                dst.unlink()
+        except OSError as exc:
+            problem = problem or f"{entry['path']}: {exc}"
+    for rel in stamp.get("overlay", []):
+        dst = target / rel
+        try:
+            if dst.is_file() or dst.is_symlink():
+                dst.unlink()
+        except OSError as exc:
+            problem = problem or f"{rel}: {exc}"
+    for d in sorted(stamp.get("created_dirs", []), key=lambda s: -s.count("/")):
+        p = target / d
+        pycache = p / "__pycache__"
+        try:
+            if pycache.is_dir() and not any(
+                not f.name.endswith((".pyc", ".pyo")) for f in pycache.iterdir()
+            ):
+                shutil.rmtree(pycache)
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+        except OSError:
+            pass
+    if problem is None:
+        shutil.rmtree(stamp_dir, ignore_errors=True)
+    return problem
+
+
+def cmd_revert(args) -> int:
+    target = require_sglang(Path(args.target).resolve())
+    stamp_dir, partial = _stamp_paths(target)
+    where = partial if partial.exists() else stamp_dir
+    if not where.exists():
+        print(f"not applied: no series stamp in {target / PKG}")
+        return 0
+    if where is partial and not (partial / STAMP_FILE).is_file():
+        # apply was interrupted while saving backups, before it wrote anything.
+        shutil.rmtree(partial)
+        print(f"removed the leftovers of an interrupted apply ({partial}); target was not modified")
+        return 0
+    try:
+        stamp = json.loads((where / STAMP_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SeriesError(f"unreadable stamp {where / STAMP_FILE}: {exc}; cannot revert safely")
+    missing = [
+        e["path"]
+        for e in stamp["files"]
+        if e["existed"] and not (where / ORIGINALS / e["path"]).is_file()
+    ]
+    if missing and where is stamp_dir:
+        raise SeriesError(f"the backup of {missing[0]} is missing from {where}; cannot revert safely")
+    modified = []
+    for e in stamp["files"]:
+        dst = target / e["path"]
+        want = e.get("applied_sha256")
+        if want and dst.is_file() and _sha(dst) != want:
+            modified.append(e["path"])
+    problem = _undo(target, where, stamp)
+    if problem:
+        raise SeriesError(f"revert incomplete ({problem}); backups kept in {where}")
+    for rel in modified:
+        print(f"note: {rel} was edited after apply; restored the upstream file anyway")
+    print(
+        f"reverted series {stamp['series_hash'][:12]} ({len(stamp['patches'])} patch(es)) "
+        f"from {target}"
+    )
+    return 0
+
+
+def cmd_status(args) -> int:
+    target = require_sglang(Path(args.target).resolve())
+    version = sglang_version(target)
+    stamp = read_stamp(target)
+    series = load_series(args.series_dir, args.overlay_dir)
+    applied = stamp is not None
+    current = bool(stamp and stamp["series_hash"] == series.hash)
+    info = {
+        "target": str(target),
+        "sglang_version": version,
+        "applied": applied,
+        "current": current,
+        "series_hash": stamp["series_hash"] if stamp else None,
+        "patches": list(stamp["patches"]) if stamp else [],
+        "overlay_files": list(stamp.get("overlay", [])) if stamp else [],
+        "supported_base": version in SUPPORTED_BASES,
+        "current_series_hash": series.hash,
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    base = "supported base" if info["supported_base"] else "NOT a supported base"
+    print(f"target:  {target}")
+    print(f"sglang:  {version or 'unknown version'} ({base})")
+    if not applied:
+        print(f"series:  not applied (current series {series.hash[:12]}, {len(series.patches)} patch(es))")
+    elif current:
+        print(f"series:  applied, the current series ({series.hash[:12]})")
+    else:
+        print(
+            f"series:  applied, a DIFFERENT series ({stamp['series_hash'][:12]}; current is "
+            f"{series.hash[:12]}) - run `series.py revert` then `series.py apply`"
+        )
+    if applied:
+        print("patches:")
+        for name in stamp["patches"]:
+            print(f"  {name}")
+        for rel in stamp.get("overlay", []):
+            print(f"overlay: {rel}")
+    return 0
+
+
+# --------------------------------------------------------------------------
+# the developer's loop: import / export / rebase
+# --------------------------------------------------------------------------
+
+_PKG_PATHSPEC = [
+    PKG,
+    ":(exclude,glob)**/__pycache__/**",
+    ":(exclude,glob)**/*.pyc",
+    ":(exclude,glob)**/*.pyo",
+    f":(exclude){PKG}/{STAMP_DIR}",
+    f":(exclude){PKG}/{PARTIAL_DIR}",
+]
+
+_EXCLUDES = f"""\
+# written by scripts/series.py import: only the sglang package is tracked
+/*
+!/{PKG}/
+__pycache__/
+*.py[co]
+/{PKG}/{STAMP_DIR}/
+/{PKG}/{PARTIAL_DIR}/
+"""
+
+
+def _own_git_dir(d: Path) -> Path | None:
+    return d / ".git" if (d / ".git").exists() else None
+
+
+def _inside_work_tree_with_commits(d: Path) -> str | None:
+    """The top level of the git work tree holding d, if it has commits."""
+    env = _git_env()
+    proc = _git(["rev-parse", "--show-toplevel"], cwd=d, env=env, check=False)
+    if proc.returncode != 0:
+        return None
+    if _git(["rev-parse", "--verify", "-q", "HEAD"], cwd=d, env=env, check=False).returncode != 0:
+        return None
+    return _out(proc).strip()
+
+
+def _ensure_identity(repo: Path) -> None:
+    if _git(["var", "GIT_COMMITTER_IDENT"], cwd=repo, check=False).returncode != 0:
+        _git(["config", "user.name", FALLBACK_IDENT[0]], cwd=repo)
+        _git(["config", "user.email", FALLBACK_IDENT[1]], cwd=repo)
+        print(f"note: no git identity configured; set user.name/user.email to {FALLBACK_IDENT} in {repo}")
+
+
+def _commit_pristine(repo: Path, tree_root: Path, version: str | None, parent: str | None) -> str:
+    """Commit tree_root/sglang (pristine) into repo as a commit object; returns its sha."""
+    git_dir = str(repo / ".git")
+    with tempfile.TemporaryDirectory(prefix="series-index-") as tmp:
+        env = _git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
+        _git(
+            ["--git-dir", git_dir, "--work-tree", str(tree_root), "add", "-A", "-f", "--", *_PKG_PATHSPEC],
+            cwd=tree_root,
+            env=env,
+        )
+        tree = _out(_git(["--git-dir", git_dir, "write-tree"], cwd=tree_root, env=env)).strip()
+    env = _git_env(
+        GIT_AUTHOR_NAME=UPSTREAM_IDENT[0],
+        GIT_AUTHOR_EMAIL=UPSTREAM_IDENT[1],
+        GIT_COMMITTER_NAME=UPSTREAM_IDENT[0],
+        GIT_COMMITTER_EMAIL=UPSTREAM_IDENT[1],
+        GIT_AUTHOR_DATE="@0 +0000",
+        GIT_COMMITTER_DATE="@0 +0000",
+    )
+    msg = (
+        f"sglang {version or 'unknown'} (pristine upstream)\n\n"
+        f"The unmodified sglang package this series applies to. Written by\n"
+        f"scripts/series.py; the patch commits follow on top of it.\n"
+    )
+    cmd = ["commit-tree", tree, "-m", msg]
+    if parent:
+        cmd += ["-p", parent]
+    return _out(_git(cmd, cwd=repo, env=env)).strip()
+
+
+def _require_imported(repo: Path) -> None:
+    if _own_git_dir(repo) is None or _git(
+        ["rev-parse", "--verify", "-q", f"refs/heads/{UPSTREAM_BRANCH}"], cwd=repo, check=False
+    ).returncode != 0:
+        raise SeriesError(
+            f"{repo} is not an imported series repository (no `{UPSTREAM_BRANCH}` branch); "
+            f"run `series.py import --target {repo}` first"
+        )
+    gd = repo / ".git"
+    if (gd / "rebase-apply").exists() or (gd / "rebase-merge").exists():
+        raise SeriesError(
+            f"a git am/rebase is in progress in {repo}; finish it (`git am --continue` or "
+            f"`git rebase --continue`) or abort it first"
+        )
+    dirty = _out(
+        _git(["status", "--porcelain", "--untracked-files=no", "--", PKG], cwd=repo)
+    ).strip()
+    if dirty:
+        first = dirty.splitlines()[0][3:]
+        raise SeriesError(
+            f"{repo} has uncommitted changes under {PKG}/ (e.g. {first}); commit or stash them first"
+        )
+
+
+def _conflicted(repo: Path) -> list[str]:
+    proc = _git(["diff", "--name-only", "--diff-filter=U"], cwd=repo, check=False)
+    return [l for l in _out(proc).splitlines() if l.strip()]
+
+
+def slug(subject: str) -> str:
+    s = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")
+    return s or "patch"
+
+
+def cmd_import(args) -> int:
+    repo = require_sglang(Path(args.target).resolve())
+    stamp_dir, partial = _stamp_paths(repo)
+    if stamp_dir.exists() or partial.exists():
+        raise SeriesError(
+            f"a series is applied to {repo} by `series.py apply`; import needs a pristine tree "
+            f"(run `series.py revert --target {repo}` first)"
+        )
+    series = load_series(args.series_dir, args.overlay_dir)
+    version = sglang_version(repo)
+    top = _inside_work_tree_with_commits(repo)
+    if top and not args.force:
+        raise SeriesError(
+            f"{repo} is already inside a git work tree with commits ({top}); pass --force to import "
+            f"anyway (a repository of its own at {repo}, or a re-import if it is one)"
+        )
+    for rel in series.overlay:
+        dst = repo / rel
+        if dst.exists() and (not dst.is_file() or dst.read_bytes() != (series.overlay_dir / rel).read_bytes()):
+            raise SeriesError(f"{dst} already exists with different content; the tree is not pristine")
+
+    if _own_git_dir(repo) is None:
+        _git(["init", "-q", "-b", WORK_BRANCH], cwd=repo)
+    info = repo / ".git" / "info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "exclude").write_text(_EXCLUDES, encoding="utf-8")
+    _ensure_identity(repo)
+
+    upstream = _commit_pristine(repo, repo, version, None)
+    _git(["symbolic-ref", "HEAD", f"refs/heads/{WORK_BRANCH}"], cwd=repo)
+    _git(["reset", "-q", upstream], cwd=repo)
+    _git(["tag", "-f", f"upstream-{version}", upstream], cwd=repo)
+    _git(["branch", "-f", UPSTREAM_BRANCH, upstream], cwd=repo)
+
+    if series.patches:
+        proc = _git(
+            [
+                "am",
+                "--3way",
+                "--keep-non-patch",
+                "--committer-date-is-author-date",
+                "--no-gpg-sign",
+                *[str(series.series_dir / n) for n in series.names],
+            ],
+            cwd=repo,
+            check=False,
+        )
+        if proc.returncode != 0:
+            text = _out(proc) + "\n" + _err(proc)
+            m = re.search(r"^Patch failed at (\d+) ", text, re.M)
+            index = int(m.group(1)) - 1 if m else None
+            name = series.names[index] if index is not None else "?"
+            files = _conflicted(repo)
+            if files:
+                what = f"conflicts in {', '.join(files)}"
+            else:
+                # No 3-way merge was possible (e.g. the patch's base blobs are
+                # not in this tree): say which hunks do not apply.
+                what = "; ".join(
+                    _describe(series.patches[index], _err(
+                        _git(["apply", "--check", "-v", str(series.series_dir / name)], cwd=repo, check=False)
+                    ))
+                ) if index is not None else "see `git am --show-current-patch=diff`"
+            raise SeriesError(
+                f"patch {name} does not apply to sglang {version} ({what}); resolve it in {repo} "
+                f"(`git am --show-current-patch=diff` shows the patch), `git add` the files, "
+                f"run `git -C {repo} am --continue`, then `series.py export --target {repo}`"
+            )
+
+    if series.overlay:
+        for rel in series.overlay:
+            dst = repo / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(series.overlay_dir / rel, dst)
+        _git(["add", "-f", "--", *series.overlay], cwd=repo)
+        _git(
+            [
+                "commit",
+                "-q",
+                "--no-verify",
+                "--no-gpg-sign",
+                "-m",
+                OVERLAY_SUBJECT,
+                "-m",
+                "New modules the series adds at upstream paths. `series.py export`\n"
+                "writes them back to python/sglang/ of the fork repository.",
+            ],
+            cwd=repo,
+        )
+    print(
+        f"imported sglang {version} + {len(series.patches)} patch(es)"
+        + (f" + {len(series.overlay)} overlay file(s)" if series.overlay else "")
+        + f" into {repo} (branch {WORK_BRANCH}; base: branch {UPSTREAM_BRANCH} = tag upstream-{version})"
+    )
+    print(
+        "edit with ordinary git:\n"
+        f"  cd {repo}\n"
+        "  git log --oneline upstream..            # one commit per patch\n"
+        "  git commit --fixup=<commit> <files>     # amend a patch\n"
+        "  git rebase -i --autosquash upstream     # fold fixups, reorder, drop\n"
+        "  git commit -m '<subject>'               # a new patch (subject = file name)\n"
+        "then write the series back:\n"
+        f"  python {Path(__file__).resolve()} export --target {repo}"
+    )
+    return 0
+
+
+def cmd_export(args) -> int:
+    repo = Path(args.target).resolve()
+    _require_imported(repo)
+    series_dir = Path(args.series_dir).resolve()
+    overlay_dir = Path(args.overlay_dir).resolve()
+    commits = _out(
+        _git(["rev-list", "--reverse", "--topo-order", f"{UPSTREAM_BRANCH}..HEAD"], cwd=repo)
+    ).split()
+    merges = _out(_git(["rev-list", "--merges", f"{UPSTREAM_BRANCH}..HEAD"], cwd=repo)).split()
+    if merges:
+        raise SeriesError(f"upstream..HEAD holds merge commit {merges[0][:12]}; a series must be linear")
+
+    def changed(c: str) -> list[str]:
+        out = _git(["diff-tree", "-r", "--no-commit-id", "--name-only", "-z", "--no-renames", c], cwd=repo)
+        return [p for p in _out(out).split("\0") if p]
+
+    subjects = {c: _out(_git(["log", "-1", "--format=%s", c], cwd=repo)).strip() for c in commits}
+    touched = {c: changed(c) for c in commits}
+    overlay_paths = set(_overlay_files(overlay_dir))
+    for c in commits:
+        if subjects[c] == OVERLAY_SUBJECT:
+            overlay_paths.update(touched[c])
+    for c in commits:
+        for p in touched[c]:
+            if not p.startswith(PKG + "/"):
+                raise SeriesError(
+                    f"commit {c[:12]} ({subjects[c]}) changes {p}, outside {PKG}/; the series only "
+                    f"patches the {PKG} package"
+                )
+
+    patches: list[tuple[str, bytes]] = []
+    used: set[str] = set()
+    fmt_env = _git_env(isolated=True)
+    for c in commits:
+        if not [p for p in touched[c] if p not in overlay_paths]:
+            continue
+        name = slug(subjects[c])
+        n = 2
+        while name in used:
+            name = f"{slug(subjects[c])}-{n}"
+            n += 1
+        used.add(name)
+        excludes = [f":(exclude,literal){p}" for p in sorted(overlay_paths)]
+        proc = _git(
+            [
+                "-c", "core.abbrev=7",
+                "format-patch", "--stdout", "--no-numbered", "--zero-commit", "--no-signature",
+                "--no-stat", "--diff-algorithm=myers",
+                f"{c}^..{c}", "--", ".", *excludes,
+            ],
+            cwd=repo,
+            env=fmt_env,
+        )
+        patches.append((name + ".patch", proc.stdout))
+
+    head_files = set(
+        p for p in _out(_git(["ls-tree", "-r", "-z", "--name-only", "HEAD"], cwd=repo)).split("\0") if p
+    )
+    history_paths = {p for c in commits for p in touched[c]}
+    overlay_write: list[tuple[str, bytes]] = []
+    overlay_remove: list[str] = []
+    for rel in sorted(overlay_paths):
+        if rel in head_files:
+            data = _git(["cat-file", "blob", f"HEAD:{rel}"], cwd=repo).stdout
+            dst = overlay_dir / rel
+            if not dst.is_file() or dst.read_bytes() != data:
+                overlay_write.append((rel, data))
+        elif rel in history_paths and (overlay_dir / rel).exists():
+            overlay_remove.append(rel)
+
+    # All computed; now write.
+    series_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        header, old_names = read_series_names(series_dir)
+    except SeriesError:
+        header, old_names = [], []
+    written = []
+    for name, data in patches:
+        dst = series_dir / name
+        if not dst.is_file() or dst.read_bytes() != data:
+            tmp = dst.with_name(f".{name}.series-tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, dst)
+            written.append(name)
+    new_names = [n for n, _ in patches]
+    series_text = "".join(h + "\n" for h in header) + "".join(n + "\n" for n in new_names)
+    (series_dir / "series").write_text(series_text, encoding="utf-8")
+    removed = []
+    for old in old_names:
+        if old not in new_names and old.endswith(".patch") and (series_dir / old).is_file():
+            (series_dir / old).unlink()
+            removed.append(old)
+    for rel, data in overlay_write:
+        dst = overlay_dir / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(data)
+    for rel in overlay_remove:
+        (overlay_dir / rel).unlink()
+    print(
+        f"exported {len(new_names)} patch(es) to {series_dir} ({len(written)} changed, "
+        f"{len(removed)} removed); overlay: {len(overlay_write)} written, {len(overlay_remove)} removed"
+    )
+    for name in new_names:
+        print(f"  {name}{'  (changed)' if name in written else ''}")
+    for name in removed:
+        print(f"  {name}  (removed)")
+    return 0
+
+
+def cmd_rebase(args) -> int:
+    repo = Path(args.target).resolve()
+    _require_imported(repo)
+    newtree = require_sglang(Path(args.onto).resolve())
+    if any(p.exists() for p in _stamp_paths(newtree)):
+        raise SeriesError(f"a series is applied to {newtree}; --onto needs a pristine tree (revert it first)")
+    version = sglang_version(newtree)
+    _ensure_identity(repo)
+    old = _out(_git(["rev-parse", f"refs/heads/{UPSTREAM_BRANCH}"], cwd=repo)).strip()
+    new = _commit_pristine(repo, newtree, version, old)
+    _git(["tag", "-f", f"upstream-{version}", new], cwd=repo)
+    _git(["branch", "-f", UPSTREAM_BRANCH, new], cwd=repo)
+    count = len(_out(_git(["rev-list", f"{old}..HEAD"], cwd=repo)).split())
+    proc = _git(["rebase", "--no-gpg-sign", "--onto", new, old], cwd=repo, check=False)
+    if proc.returncode != 0:
+        text = _out(proc) + "\n" + _err(proc)
+        subject = None
+        stopped = repo / ".git" / "rebase-merge" / "stopped-sha"
+        if stopped.is_file():
+            sha = stopped.read_text().strip()
+            p = _git(["log", "-1", "--format=%s", sha], cwd=repo, check=False)
+            subject = _out(p).strip() or None
+        if subject is None:
+            m = re.search(r"^Could not apply [0-9a-f]+\.\.\. (.*)$", text, re.M)
+            subject = m.group(1).strip() if m else None
+        files = _conflicted(repo)
+        if not (repo / ".git" / "rebase-merge").exists() and not (repo / ".git" / "rebase-apply").exists():
+            _git(["branch", "-f", UPSTREAM_BRANCH, old], cwd=repo, check=False)
+            raise SeriesError(f"git rebase failed in {repo}: {_first_error_line(proc)}")
+        what = f"patch {slug(subject)}.patch" if subject else "a patch"
+        raise SeriesError(
+            f"rebase onto sglang {version} stopped at {what}: conflicts in "
+            f"{', '.join(files) or 'unknown files'}; resolve them in {repo}, `git add` them, "
+            f"run `git -C {repo} rebase --continue`, then `series.py export --target {repo}`"
+        )
+    print(
+        f"rebased {count} commit(s) onto sglang {version} (branch {UPSTREAM_BRANCH} = tag upstream-{version}) in {repo}"
+    )
+    print(
+        f"next: python {Path(__file__).resolve()} export --target {repo}\n"
+        f"      then `series.py check --target <a pristine sglang {version} tree>`"
+    )
+    return 0
+
+
+# --------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, our prefix
+        self.exit(EXIT_ERROR, f"series.py: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = _Parser(
+        prog="series.py",
+        description="Apply, check, revert and maintain the fork's patch series over SGLang "
+        f"(supported bases: {', '.join(SUPPORTED_BASES)}).",
+        epilog=(
+            "examples:\n"
+            "  series.py check  --target /sgl-workspace/sglang/python\n"
+            "  series.py apply  --target /sgl-workspace/sglang/python   # ROCm docker image\n"
+            "  series.py apply  --target $(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')\n"
+            "  series.py status --target DIR --json\n"
+            "  series.py revert --target DIR\n"
+            "\n"
+            "developer loop (DIR = a scratch copy of a pristine tree):\n"
+            "  series.py import --target DIR      # git repo: upstream commit + one commit per patch\n"
+            "  git -C DIR commit --fixup=<sha>; git -C DIR rebase -i --autosquash upstream\n"
+            "  series.py export --target DIR      # commits -> patches/*.patch + patches/series\n"
+            "  series.py rebase --target DIR --onto NEWTREE   # new release; conflicts stop, then\n"
+            "      git -C DIR rebase --continue; series.py export --target DIR\n"
+            "\n"
+            "exit status: 0 ok, 1 check found failing patches, 2 error (one line on stderr)."
+        ),
+        formatter_class=fmt,
+    )
+    p.add_argument(
+        "--series-dir",
+        type=Path,
+        default=DEFAULT_SERIES_DIR,
+        help="directory holding `series` and the *.patch files (default: %(default)s)",
+    )
+    p.add_argument(
+        "--overlay-dir",
+        type=Path,
+        default=DEFAULT_OVERLAY_DIR,
+        help="directory whose sglang/** files are new modules the series adds (default: %(default)s)",
+    )
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def add(name, func, help_, desc):
+        sp = sub.add_parser(name, help=help_, description=desc, formatter_class=fmt)
+        sp.add_argument(
+            "--target",
+            required=True,
+            metavar="DIR",
+            help="directory that holds the sglang package (site-packages, or python/ of a checkout)",
+        )
+        sp.set_defaults(func=func)
+        return sp
+
+    add(
+        "check",
+        cmd_check,
+        "dry run: does the series apply? (exit 1 + one line per failing patch if not)",
+        "Apply the series in a temporary staging copy of the files it touches (never in the\n"
+        "target) and report, one line per failing patch, the patch, the file and the hunk.\n"
+        "Later patches are still tried so that every failing patch is reported. Works on\n"
+        "any version (a warning names unsupported ones): use it on a new release.",
+    )
+    sp = add(
+        "apply",
+        cmd_apply,
+        "apply the series atomically and idempotently",
+        "Stage the touched files in a temporary directory, apply every patch there with\n"
+        "git apply, and only if all applied copy the results and the overlay files into the\n"
+        f"target. Byte-exact backups and stamp.json go to TARGET/sglang/{STAMP_DIR}/.\n"
+        "Applying the same series again is a no-op (\"already applied\").",
+    )
+    sp.add_argument("--force", action="store_true", help="skip the supported-version check (only that)")
+    add(
+        "revert",
+        cmd_revert,
+        "restore the upstream files byte-identically and remove overlay files and the stamp",
+        "Restore every file the series changed from its backup, remove the overlay files\n"
+        "and directories it created, and remove the stamp. \"not applied\" (exit 0) if none.",
+    )
+    sp = add(
+        "status",
+        cmd_status,
+        "show the sglang version and which series/patches are applied",
+        "Show the sglang version, whether a series is applied (the current one or a\n"
+        "different one) and which patches. --json prints an object with the keys target,\n"
+        "sglang_version, applied, current, series_hash, patches (and a few more).",
+    )
+    sp.add_argument("--json", action="store_true", help="print a JSON object for scripts")
+    sp = add(
+        "import",
+        cmd_import,
+        "make DIR (a pristine tree) a git repo with one commit per patch",
+        "DIR must hold a pristine sglang. It becomes a git repository (only sglang/ is\n"
+        f"tracked): the pristine package as one commit (tag upstream-<version>, branch\n"
+        f"{UPSTREAM_BRANCH}), then `git am --3way` of every patch in series order, then one\n"
+        f"\"{OVERLAY_SUBJECT}\" commit with the overlay files. Edit with ordinary git, then export.\n"
+        "A patch that does not apply stops with the patch and files named: resolve, git add,\n"
+        "`git am --continue`, then export.",
+    )
+    sp.add_argument(
+        "--force",
+        action="store_true",
+        help="import even if DIR is already inside a git work tree with commits",
+    )
+    add(
+        "export",
+        cmd_export,
+        "write upstream..HEAD of an imported DIR back as patch files and series",
+        "One patch per commit in upstream..HEAD (git format-patch --no-numbered --zero-commit\n"
+        "--no-signature --no-stat), named after the subject (lowercase, '-' separated), and\n"
+        "`series` rewritten in commit order; patch files dropped from the series are removed.\n"
+        f"Changes to overlay paths (files under --overlay-dir, and files of the\n"
+        f"\"{OVERLAY_SUBJECT}\" commit) are written back to --overlay-dir instead.",
+    )
+    sp = add(
+        "rebase",
+        cmd_rebase,
+        "move an imported DIR onto a new release's pristine tree (3-way)",
+        "Commit NEWTREE's pristine sglang (on top of the old upstream commit) as the new\n"
+        f"upstream (tag upstream-<version>, branch {UPSTREAM_BRANCH}), then\n"
+        "`git rebase --onto <new> <old upstream>`. A conflict stops with the patch and files\n"
+        "named: resolve them, `git add`, `git rebase --continue`, then export and run\n"
+        "`series.py check --target <pristine tree of the new release>`.",
+    )
+    sp.add_argument("--onto", required=True, metavar="NEWTREE", help="directory holding the new pristine sglang")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SeriesError as exc:
+        print(f"series.py: error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print("series.py: error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

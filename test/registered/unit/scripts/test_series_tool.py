@@ -1,0 +1,523 @@
+"""Tests for scripts/series.py, the fork's patch-series tool.
+
+The CLI is the product, so every test runs it as a subprocess. Pristine trees
+come from the release wheels in .cache/wheels (scripts/setup_env.sh downloads
+them); only sglang/version.py, sglang/_version.py and the files the series
+touches are extracted, which keeps every test fast.
+"""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[4]
+SCRIPT = REPO / "scripts" / "series.py"
+PATCHES = REPO / "patches"
+WHEELS = REPO / ".cache" / "wheels"
+VERSIONS = ("0.5.22", "0.5.23")
+GATE = "gate-cross-request-vit-batching-by-platform.patch"
+MM_SCHEDULE = "sglang/srt/managers/mm_schedule.py"
+MM_UTILS = "sglang/srt/multimodal/mm_utils.py"
+GIT_ID = ["-c", "user.name=Series Test", "-c", "user.email=series-test@example.invalid"]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def real_series_names() -> list[str]:
+    lines = (PATCHES / "series").read_text().splitlines()
+    return [l.strip() for l in lines if l.strip() and not l.strip().startswith("#")]
+
+
+def touched_by(series_dir: Path) -> set[str]:
+    out = set()
+    names = [
+        l.strip()
+        for l in (series_dir / "series").read_text().splitlines()
+        if l.strip() and not l.strip().startswith("#")
+    ]
+    for name in names:
+        for line in (series_dir / name).read_text().splitlines():
+            m = re.match(r"^diff --git a/(\S+) b/(\S+)$", line)
+            if m:
+                out.update(m.groups())
+    return out
+
+
+def wheel(version: str) -> Path:
+    found = sorted(WHEELS.glob(f"sglang-{version}-*.whl"))
+    assert found, (
+        f"missing the sglang {version} release wheel in {WHEELS}; run scripts/setup_env.sh "
+        f"(it downloads sglang-0.5.22 and sglang-0.5.23 wheels there)"
+    )
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def pristine_cache(tmp_path_factory):
+    """version -> a directory holding the extracted subset of the release."""
+    members = {"sglang/version.py", "sglang/_version.py", MM_SCHEDULE, MM_UTILS}
+    members |= touched_by(PATCHES)
+    out = {}
+    for version in VERSIONS:
+        dest = tmp_path_factory.mktemp(f"pristine-{version}")
+        with zipfile.ZipFile(wheel(version)) as zf:
+            names = set(zf.namelist())
+            for m in sorted(members):
+                assert m in names, f"{m} is not in the sglang {version} wheel"
+                zf.extract(m, dest)
+        out[version] = dest
+    return out
+
+
+@pytest.fixture
+def pristine(pristine_cache, tmp_path):
+    """Make a fresh, writable copy of a pristine subset tree."""
+
+    def make(version: str, name: str | None = None) -> Path:
+        dest = tmp_path / (name or f"v{version}")
+        shutil.copytree(pristine_cache[version], dest)
+        return dest
+
+    return make
+
+
+def run(*args, series_dir=None, overlay_dir=None, env=None, cwd=None):
+    cmd = [sys.executable, str(SCRIPT)]
+    if series_dir is not None:
+        cmd += ["--series-dir", str(series_dir)]
+    if overlay_dir is not None:
+        cmd += ["--overlay-dir", str(overlay_dir)]
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run(
+        cmd + [str(a) for a in args], capture_output=True, text=True, env=full_env, cwd=cwd
+    )
+
+
+def git(cwd, *args, env=None):
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run(
+        ["git", *GIT_ID, *args], cwd=cwd, capture_output=True, text=True, env=full_env
+    )
+    assert proc.returncode == 0, f"git {args} failed: {proc.stderr}"
+    return proc.stdout
+
+
+def snapshot(root: Path) -> dict:
+    """Every file's bytes and every directory, by relative path."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        out[rel] = p.read_bytes() if p.is_file() else "<dir>"
+    return out
+
+
+def one_error_line(proc, *needles):
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one error line, got:\n{proc.stderr}"
+    assert lines[0].startswith("series.py: error: "), lines[0]
+    for n in needles:
+        assert n in lines[0], f"{n!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def empty_overlay(tmp_path) -> Path:
+    d = tmp_path / "no-overlay"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def copy_series(tmp_path, name="series") -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "series").write_bytes((PATCHES / "series").read_bytes())
+    for n in real_series_names():
+        shutil.copy2(PATCHES / n, d / n)
+    return d
+
+
+def make_patch(workdir: Path, rel: str, before: bytes, after: bytes, subject: str) -> bytes:
+    """A genuine git format-patch of one file change (made with git itself)."""
+    workdir.mkdir(parents=True)
+    git(workdir, "init", "-q")
+    (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+    (workdir / rel).write_bytes(before)
+    git(workdir, "add", rel)
+    git(workdir, "commit", "-q", "-m", "base")
+    (workdir / rel).write_bytes(after)
+    git(workdir, "commit", "-q", "-am", subject)
+    return subprocess.run(
+        ["git", "format-patch", "--stdout", "-1", "--no-numbered", "--zero-commit",
+         "--no-signature", "--no-stat"],
+        cwd=workdir, capture_output=True, check=True,
+    ).stdout
+
+
+def break_hunk(patch: bytes, number: int) -> bytes:
+    """Replace the first context line of hunk #number so it no longer matches."""
+    lines = patch.split(b"\n")
+    seen = 0
+    for i, line in enumerate(lines):
+        if line.startswith(b"@@ "):
+            seen += 1
+            if seen == number:
+                j = i + 1
+                while not lines[j].startswith(b" "):
+                    j += 1
+                lines[j] = b" THIS CONTEXT LINE IS NOT UPSTREAM"
+                return b"\n".join(lines)
+    raise AssertionError(f"patch has no hunk #{number}")
+
+
+def edit_lines(data: bytes, numbers, suffix=b"  # fork") -> bytes:
+    lines = data.split(b"\n")
+    for n in numbers:
+        lines[n - 1] = lines[n - 1] + suffix
+    return b"\n".join(lines)
+
+
+# ---------------------------------------------------------------- check / apply / revert
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_check_real_series_on_pristine(pristine, tmp_path, version):
+    tree = pristine(version)
+    before = snapshot(tree)
+    r = run("check", "--target", tree, overlay_dir=empty_overlay(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"sglang {version}" in r.stdout
+    assert snapshot(tree) == before, "check must never write to the target"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_apply_twice_then_revert_is_byte_identical(pristine, tmp_path, version):
+    tree = pristine(version)
+    ov = empty_overlay(tmp_path)
+    before = snapshot(tree)
+    r = run("apply", "--target", tree, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    after = snapshot(tree)
+    for rel in touched_by(PATCHES):
+        assert after[rel] != before[rel], f"{rel} was not patched"
+    assert b"def hip_dp_encoder_batches_vit" in (tree / MM_UTILS).read_bytes()
+    assert (tree / "sglang" / ".fork-series" / "stamp.json").is_file()
+
+    r = run("apply", "--target", tree, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    assert "already applied" in r.stdout
+    assert snapshot(tree) == after, "second apply must be a no-op"
+
+    r = run("status", "--target", tree, "--json", overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert {"target", "sglang_version", "applied", "current", "series_hash", "patches"} <= set(st)
+    assert st["sglang_version"] == version
+    assert st["applied"] is True and st["current"] is True
+    assert st["patches"] == real_series_names()
+    assert re.fullmatch(r"[0-9a-f]{64}", st["series_hash"])
+
+    r = run("revert", "--target", tree, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    assert snapshot(tree) == before, "revert must restore every byte and leave no extra files"
+    r = run("revert", "--target", tree, overlay_dir=ov)
+    assert r.returncode == 0 and "not applied" in r.stdout
+    st = json.loads(run("status", "--target", tree, "--json", overlay_dir=ov).stdout)
+    assert st["applied"] is False and st["patches"] == []
+
+
+def test_failing_hunk_leaves_tree_untouched_and_check_names_it(pristine, tmp_path):
+    tree = pristine("0.5.23")
+    series = copy_series(tmp_path)
+    utils = (tree / MM_UTILS).read_bytes()
+    # Patch 2: two hunks on lines the gate patch leaves alone; hunk #2 broken.
+    good = make_patch(tmp_path / "mk2", MM_UTILS, utils, edit_lines(utils, [12, 300]), "Second change")
+    (series / "second-change.patch").write_bytes(break_hunk(good, 2))
+    # Patch 3: fails too, on another file, so check must report both.
+    version_py = (tree / "sglang" / "version.py").read_bytes()
+    third = make_patch(tmp_path / "mk3", "sglang/version.py", version_py,
+                       edit_lines(version_py, [3]), "Third change")
+    (series / "third-change.patch").write_bytes(break_hunk(third, 1))
+    (series / "series").write_text(f"{GATE}\nsecond-change.patch\nthird-change.patch\n")
+    ov = empty_overlay(tmp_path)
+    before = snapshot(tree)
+
+    r = run("check", "--target", tree, series_dir=series, overlay_dir=ov)
+    assert r.returncode == 1, r.stdout + r.stderr
+    failed = [l for l in r.stdout.splitlines() if l.startswith("FAILED")]
+    assert len(failed) == 2, r.stdout
+    assert "second-change.patch" in failed[0] and MM_UTILS in failed[0] and "hunk #2" in failed[0]
+    assert "hunk #1" not in failed[0], "hunk #1 of patch 2 applies and must not be reported"
+    assert "third-change.patch" in failed[1] and "sglang/version.py" in failed[1]
+    assert "hunk #1" in failed[1]
+    assert GATE not in r.stdout.replace("FAILED", "")
+    assert snapshot(tree) == before
+
+    r = run("apply", "--target", tree, series_dir=series, overlay_dir=ov)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1].startswith("series.py: error: ")
+    assert "target left unchanged" in r.stderr
+    assert snapshot(tree) == before, "a failed apply must leave the tree byte-identical"
+
+
+def test_refuses_non_sglang_dir(tmp_path):
+    empty = tmp_path / "not-sglang"
+    (empty / "sglang").mkdir(parents=True)  # a package dir without version.py
+    for cmd in ("apply", "check", "status", "revert"):
+        r = run(cmd, "--target", empty, overlay_dir=empty_overlay(tmp_path))
+        assert r.returncode == 2, (cmd, r.stderr)
+        one_error_line(r, "holds no sglang package")
+    assert sorted(p.name for p in empty.rglob("*")) == ["sglang"]
+
+
+def test_refuses_unsupported_version_and_force_passes(pristine, tmp_path):
+    tree = pristine("0.5.23")
+    (tree / "sglang" / "version.py").write_text('__version__ = "0.5.10"\n')
+    ov = empty_overlay(tmp_path)
+    before = snapshot(tree)
+    r = run("apply", "--target", tree, overlay_dir=ov)
+    assert r.returncode == 2
+    one_error_line(r, "sglang 0.5.10", "is not a supported base", "--force")
+    assert snapshot(tree) == before
+    r = run("apply", "--force", "--target", tree, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    st = json.loads(run("status", "--target", tree, "--json", overlay_dir=ov).stdout)
+    assert st["sglang_version"] == "0.5.10" and st["applied"] is True
+    assert run("revert", "--target", tree, overlay_dir=ov).returncode == 0
+    assert snapshot(tree) == before
+
+
+def test_refuses_a_different_series(pristine, tmp_path):
+    tree = pristine("0.5.22")
+    ov = empty_overlay(tmp_path)
+    assert run("apply", "--target", tree, overlay_dir=ov).returncode == 0
+    applied = snapshot(tree)
+    other = copy_series(tmp_path, "other")
+    with open(other / "series", "a") as f:
+        f.write("# a comment changes the series hash\n")
+    r = run("apply", "--target", tree, series_dir=other, overlay_dir=ov)
+    assert r.returncode == 2
+    one_error_line(r, "a different series", "series.py revert")
+    assert snapshot(tree) == applied
+    st = json.loads(run("status", "--target", tree, "--json", series_dir=other, overlay_dir=ov).stdout)
+    assert st["applied"] is True and st["current"] is False
+
+
+def test_overlay_files_are_copied_and_removed(pristine, tmp_path):
+    tree = pristine("0.5.23")
+    ov = tmp_path / "overlay"
+    mod = ov / "sglang" / "srt" / "fork_extra" / "new_mod.py"
+    mod.parent.mkdir(parents=True)
+    mod.write_bytes(b"VALUE = 42\n")
+    (mod.parent / "__pycache__").mkdir()
+    (mod.parent / "__pycache__" / "new_mod.cpython-311.pyc").write_bytes(b"\0junk")
+    (mod.parent / "stray.pyc").write_bytes(b"\0junk")
+    before = snapshot(tree)
+
+    r = run("apply", "--target", tree, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    dest = tree / "sglang" / "srt" / "fork_extra"
+    assert sorted(p.name for p in dest.iterdir()) == ["new_mod.py"]
+    assert (dest / "new_mod.py").read_bytes() == b"VALUE = 42\n"
+    st = json.loads(run("status", "--target", tree, "--json", overlay_dir=ov).stdout)
+    assert st["current"] is True
+
+    r = run("revert", "--target", tree, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    assert snapshot(tree) == before, "revert must remove overlay files and the dirs it created"
+
+    # A different file already at an overlay path: refuse, touch nothing.
+    dest.mkdir()
+    (dest / "new_mod.py").write_bytes(b"VALUE = 'someone else'\n")
+    before = snapshot(tree)
+    r = run("apply", "--target", tree, overlay_dir=ov)
+    assert r.returncode == 2
+    one_error_line(r, "new_mod.py", "different content")
+    assert snapshot(tree) == before
+    r = run("check", "--target", tree, overlay_dir=ov)
+    assert r.returncode == 1 and "FAILED overlay" in r.stdout
+
+
+def test_failure_during_copy_back_rolls_back(pristine, tmp_path):
+    tree = pristine("0.5.23")
+    ov = tmp_path / "overlay"
+    (ov / "sglang" / "srt" / "fork_extra").mkdir(parents=True)
+    (ov / "sglang" / "srt" / "fork_extra" / "m.py").write_text("X = 1\n")
+    before = snapshot(tree)
+    # Fault injection: the copy-back raises after the first patched file was written.
+    r = run("apply", "--target", tree, overlay_dir=ov, env={"SERIES_PY_TEST_FAIL_COPY_AFTER": "1"})
+    assert r.returncode == 2
+    one_error_line(r, "rolled back")
+    assert snapshot(tree) == before
+    r = run("apply", "--target", tree, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+
+
+def test_target_and_tmpdir_inside_a_git_checkout(pristine, tmp_path):
+    """Like /sgl-workspace/sglang/python in the ROCm image: git apply must not
+    resolve paths against the enclosing repository (it would silently skip them)."""
+    outer = tmp_path / "checkout"
+    outer.mkdir()
+    git(outer, "init", "-q")
+    (outer / "README").write_text("outer\n")
+    git(outer, "add", "README")
+    git(outer, "commit", "-q", "-m", "outer")
+    tree = outer / "python"
+    shutil.copytree(pristine("0.5.23"), tree)
+    tmpdir = outer / "tmp"
+    tmpdir.mkdir()
+    env = {"TMPDIR": str(tmpdir)}
+    ov = empty_overlay(tmp_path)
+    before = snapshot(tree)
+    r = run("check", "--target", tree, overlay_dir=ov, env=env, cwd=outer)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run("apply", "--target", tree, overlay_dir=ov, env=env, cwd=tree)
+    assert r.returncode == 0, r.stderr
+    assert b"hip_dp_encoder_batches_vit" in (tree / MM_SCHEDULE).read_bytes()
+    assert run("revert", "--target", tree, overlay_dir=ov, env=env).returncode == 0
+    assert snapshot(tree) == before
+
+
+# ---------------------------------------------------------------- import / export / rebase
+
+
+def test_import_export_round_trip_and_edit_loop(pristine, tmp_path):
+    series = copy_series(tmp_path)
+    ov = tmp_path / "overlay"
+    mod = ov / "sglang" / "srt" / "fork_extra" / "helper.py"
+    mod.parent.mkdir(parents=True)
+    mod.write_bytes(b"def helper():\n    return 1\n")
+    original = snapshot(series)
+    original_ov = snapshot(ov)
+    work = pristine("0.5.23", "work")
+
+    r = run("import", "--target", work, series_dir=series, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    assert "export" in r.stdout and "--autosquash" in r.stdout
+    subjects = git(work, "log", "--reverse", "--format=%s", "upstream..HEAD").splitlines()
+    assert len(subjects) == len(real_series_names()) + 1, subjects
+    assert subjects[-1] == "fork overlay"
+    assert "Gate cross-request ViT batching by platform" in subjects
+    assert git(work, "rev-parse", "upstream") == git(work, "rev-parse", "upstream-0.5.23^{commit}")
+    assert git(work, "status", "--porcelain") == ""
+
+    r = run("export", "--target", work, series_dir=series, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    assert snapshot(series) == original, "export right after import must reproduce the patches"
+    assert snapshot(ov) == original_ov
+
+    # The loop: amend the gate patch with a fixup, add a patch, edit the overlay.
+    gate = git(work, "log", "--format=%H", "-1", "--grep=Gate cross-request").strip()
+    p = work / MM_UTILS
+    p.write_text(p.read_text() + "\n# fixed up\n")
+    git(work, "commit", "-q", f"--fixup={gate}", "--", MM_UTILS)
+    git(work, "rebase", "-q", "-i", "--autosquash", "upstream", env={"GIT_SEQUENCE_EDITOR": "true"})
+    v = work / "sglang" / "version.py"
+    v.write_text(v.read_text() + "# [ROCm] marker\n")
+    helper = work / "sglang" / "srt" / "fork_extra" / "helper.py"
+    helper.write_text("def helper():\n    return 2\n")
+    # A commit mixing an upstream file and an overlay file.
+    git(work, "commit", "-q", "-am", "[ROCm] Mark the version file")
+    helper.write_text("def helper():\n    return 3\n")
+    git(work, "commit", "-q", "-am", "Helper returns 3")
+
+    r = run("export", "--target", work, series_dir=series, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    names = (series / "series").read_text().splitlines()
+    new_patch = series / names[-1]
+    assert names == real_series_names() + ["rocm-mark-the-version-file.patch"]
+    assert not list(series.glob("helper-returns*")), "overlay-only commits make no patch"
+    assert (series / GATE).read_bytes() != original[GATE]
+    assert b"+# fixed up" in (series / GATE).read_bytes()
+    assert b"Subject: [PATCH] [ROCm] Mark the version file" in new_patch.read_bytes()
+    assert b"fork_extra" not in new_patch.read_bytes()
+    assert b"+# [ROCm] marker" in new_patch.read_bytes()
+    assert mod.read_bytes() == b"def helper():\n    return 3\n", "overlay edits go back to the overlay dir"
+
+    # The exported series applies to a fresh pristine tree.
+    fresh = pristine("0.5.23", "fresh")
+    r = run("check", "--target", fresh, series_dir=series, overlay_dir=ov)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    # Dropping a commit drops its patch file.
+    git(work, "reset", "-q", "--hard", "HEAD~2")  # drop both new commits
+    r = run("export", "--target", work, series_dir=series, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    assert (series / "series").read_text().splitlines() == real_series_names()
+    assert not (series / "rocm-mark-the-version-file.patch").exists()
+    assert snapshot(ov) == original_ov, "the overlay file is back to its imported content"
+    assert {k: v for k, v in snapshot(series).items() if k != GATE} == {
+        k: v for k, v in original.items() if k != GATE
+    }
+
+
+def test_import_refuses_existing_repo_and_names_conflicting_patch(pristine, tmp_path):
+    series = copy_series(tmp_path)
+    ov = empty_overlay(tmp_path)
+    work = pristine("0.5.23", "repo")
+    git(work, "init", "-q")
+    git(work, "add", "sglang/version.py")
+    git(work, "commit", "-q", "-m", "someone's repo")
+    r = run("import", "--target", work, series_dir=series, overlay_dir=ov)
+    assert r.returncode == 2
+    one_error_line(r, "already inside a git work tree", "--force")
+
+    # A tree where a patched line changed: git am stops and says how to go on.
+    changed = pristine("0.5.23", "changed")
+    p = changed / MM_SCHEDULE
+    p.write_text(p.read_text().replace("from sglang.srt.utils import is_hip, is_npu, is_xpu",
+                                       "from sglang.srt.utils import is_hip, is_npu, is_xpu, is_cuda"))
+    r = run("import", "--target", changed, series_dir=series, overlay_dir=ov)
+    assert r.returncode == 2
+    one_error_line(r, GATE, MM_SCHEDULE, "am --continue", "export")
+
+
+def test_rebase_onto_new_release(pristine, tmp_path):
+    series = copy_series(tmp_path)
+    ov = empty_overlay(tmp_path)
+    work = pristine("0.5.23", "work")
+    assert run("import", "--target", work, series_dir=series, overlay_dir=ov).returncode == 0
+
+    # Clean rebase onto 0.5.22, export, and the result applies to 0.5.22.
+    r = run("rebase", "--target", work, "--onto", pristine("0.5.22"), series_dir=series, overlay_dir=ov)
+    assert r.returncode == 0, r.stderr
+    assert git(work, "rev-parse", "upstream") == git(work, "rev-parse", "upstream-0.5.22^{commit}")
+    assert run("export", "--target", work, series_dir=series, overlay_dir=ov).returncode == 0
+    r = run("check", "--target", pristine("0.5.22", "fresh22"), series_dir=series, overlay_dir=ov)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+    # A "release" where a line the patch changes was changed: stop, name patch + file.
+    newer = pristine("0.5.23", "newer")
+    (newer / "sglang" / "version.py").write_text('__version__ = "0.5.24"\n')
+    p = newer / MM_SCHEDULE
+    p.write_text(p.read_text().replace("from sglang.srt.utils import is_hip, is_npu, is_xpu",
+                                       "from sglang.srt.utils import is_hip, is_npu, is_xpu, is_cuda"))
+    r = run("rebase", "--target", work, "--onto", newer, series_dir=series, overlay_dir=ov)
+    assert r.returncode == 2
+    one_error_line(r, "0.5.24", GATE, MM_SCHEDULE, "rebase --continue", "export")
+    assert (work / ".git" / "rebase-merge").exists()
+    # Export refuses while the rebase is unfinished.
+    r = run("export", "--target", work, series_dir=series, overlay_dir=ov)
+    assert r.returncode == 2
+    one_error_line(r, "in progress")
+
+
+def test_help_documents_the_loop():
+    r = run("--help")
+    assert r.returncode == 0
+    for word in ("check", "apply", "revert", "status", "import", "export", "rebase", "--series-dir"):
+        assert word in r.stdout
+    r = run("rebase", "--help")
+    assert "rebase --continue" in r.stdout and "--onto" in r.stdout
