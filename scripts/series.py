@@ -647,10 +647,27 @@ def cmd_apply(args) -> int:
                 f"on sglang {stamp.get('sglang_version')} at {target}"
             )
             return 0
-        raise SeriesError(
-            f"a different series ({stamp['series_hash'][:12]}, {len(stamp['patches'])} patch(es)) "
-            f"is already applied to {target}; run `series.py revert --target {target}` first"
-        )
+        if not args.replace:
+            raise SeriesError(
+                f"a different series ({stamp['series_hash'][:12]}, {len(stamp['patches'])} patch(es)) "
+                f"is already applied to {target}; run `series.py revert --target {target}` first"
+            )
+        require_supported(target, version, args.force)
+        # --replace: prove the new series applies to the upstream files (kept in
+        # the old stamp's backups) before anything is reverted.
+        with tempfile.TemporaryDirectory(prefix="series-replace-") as tmp:
+            _, failures = stage_series(series, _pristine_sources(target, series, stamp), Path(tmp))
+        if failures:
+            for f in failures:
+                print(f.line(), file=sys.stderr)
+            raise SeriesError(
+                f"{len(failures)} of {len(series.patches)} patch(es) do not apply to sglang {version} "
+                f"at {target}; the applied series was left in place"
+            )
+        problem = _undo(target, _stamp_paths(target)[0], stamp)
+        if problem:
+            raise SeriesError(f"could not revert the applied series ({problem})")
+        print(f"reverted the previously applied series {stamp['series_hash'][:12]}")
     require_supported(target, version, args.force)
 
     sources = _pristine_sources(target, series, None)
@@ -991,7 +1008,10 @@ def _conflicted(repo: Path) -> list[str]:
 
 
 def slug(subject: str) -> str:
-    s = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")
+    """File name stem for a subject: lowercase, apostrophes dropped ("rank's" ->
+    "ranks"), every other run of non-alphanumerics -> "-"."""
+    s = re.sub(r"['\u2019`]", "", subject.lower())
+    s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
     return s or "patch"
 
 
@@ -1336,6 +1356,12 @@ def build_parser() -> argparse.ArgumentParser:
         "Applying the same series again is a no-op (\"already applied\").",
     )
     sp.add_argument("--force", action="store_true", help="skip the supported-version check (only that)")
+    sp.add_argument(
+        "--replace",
+        action="store_true",
+        help="if a DIFFERENT series is applied, revert it first (only after checking that this "
+        "series applies to the upstream files); for set-up scripts that follow the series",
+    )
     add(
         "revert",
         cmd_revert,
