@@ -1,0 +1,252 @@
+"""Write a tiny Qwen3-VL model directory for the CPU server (never downloaded).
+
+    python scripts/cpu_support/make_tiny_model.py --out DIR
+
+The directory holds what ``python -m sglang.launch_server --model-path DIR
+--load-format dummy`` and ``sglang.bench_serving`` read:
+
+* ``config.json``: ``Qwen3VLForConditionalGeneration`` with the tiny sizes of
+  :mod:`cpu_support.tiny_qwen3_vl` (vocabulary shrunk to the byte-level
+  tokenizer below). No weights: the server fills them (``--load-format dummy``).
+* ``tokenizer.json`` + ``tokenizer_config.json``: a byte-level BPE without
+  merges (one token per byte), built with ``tokenizers``, followed by the Qwen
+  special tokens. The vision tokens are *special*: bench_serving draws its
+  random prompt tokens from the vocabulary minus the special ids, and a stray
+  ``<|video_pad|>`` in a prompt makes the server fail the request.
+* ``chat_template.jinja``: a small Qwen-style chat template with image/video
+  placeholders.
+* ``preprocessor_config.json`` / ``video_preprocessor_config.json``: the
+  Qwen3-VL image and video processors, sized for the tiny tower.
+
+``transformers.AutoProcessor.from_pretrained(DIR)`` loads it as a
+``Qwen3VLProcessor`` (checked at the end unless ``--no-check``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if os.path.dirname(HERE) not in sys.path:
+    sys.path.insert(0, os.path.dirname(HERE))
+
+# The Qwen special tokens, in Qwen's order (their ids follow the 256 bytes).
+QWEN_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+NUM_BYTES = 256
+# Room above the real tokens; a multiple of 64 like real checkpoints.
+VOCAB_SIZE = 320
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "<|im_start|>{{ message['role'] + '\\n' }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] }}"
+    "{%- else -%}"
+    "{%- for item in message['content'] -%}"
+    "{%- if item['type'] in ('image', 'image_url') -%}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif item['type'] in ('video', 'video_url') -%}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{%- elif item['type'] == 'text' -%}"
+    "{{ item['text'] }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "<|im_end|>{{ '\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant{{ '\\n' }}{%- endif -%}"
+)
+
+# Images between 32x32 and 1024x1024 pixels keep their size (rounded to the
+# 32-pixel merge grid): 224x224 -> 49 tokens, 512x512 -> 256 tokens.
+MIN_PIXELS = 32 * 32
+MAX_PIXELS = 1024 * 1024
+
+
+def token_ids() -> dict:
+    return {tok: NUM_BYTES + i for i, tok in enumerate(QWEN_SPECIAL_TOKENS)}
+
+
+def build_tokenizer():
+    """Byte-level BPE, one token per byte, then the Qwen special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    assert len(alphabet) == NUM_BYTES, len(alphabet)
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIAL_TOKENS]
+    )
+    ids = token_ids()
+    for t, i in ids.items():
+        got = tok.token_to_id(t)
+        if got != i:
+            raise RuntimeError(f"special token {t} got id {got}, expected {i}")
+    return tok
+
+
+def tokenizer_config() -> dict:
+    vision = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+              "<|image_pad|>", "<|video_pad|>"]
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 4096,
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        # Listed so they land in all_special_ids (bench_serving skips those).
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"] + vision,
+        "extra_special_tokens": {},
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": False,
+        "add_prefix_space": False,
+        "processor_class": "Qwen3VLProcessor",
+    }
+
+
+def model_config() -> dict:
+    """config.json for Qwen3VLForConditionalGeneration with the tiny sizes."""
+    from transformers import Qwen3VLConfig
+
+    from cpu_support.tiny_qwen3_vl import TINY_TEXT, TINY_VISION
+
+    ids = token_ids()
+    text = dict(TINY_TEXT)
+    text["vocab_size"] = VOCAB_SIZE
+    text["bos_token_id"] = ids["<|endoftext|>"]
+    text["eos_token_id"] = ids["<|im_end|>"]
+    rope = dict(text.pop("rope_scaling"))
+    rope["rope_theta"] = text.pop("rope_theta")
+    text["rope_parameters"] = rope
+    text["dtype"] = "bfloat16"
+    config = Qwen3VLConfig(
+        text_config=text,
+        vision_config=dict(TINY_VISION),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=text["tie_word_embeddings"],
+    )
+    config.architectures = ["Qwen3VLForConditionalGeneration"]
+    data = config.to_dict()
+    data["eos_token_id"] = ids["<|im_end|>"]
+    return data
+
+
+def processor_configs():
+    from cpu_support.tiny_qwen3_vl import TINY_VISION
+
+    common = {
+        "patch_size": TINY_VISION["patch_size"],
+        "temporal_patch_size": TINY_VISION["temporal_patch_size"],
+        "merge_size": TINY_VISION["spatial_merge_size"],
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_resize": True,
+        "do_convert_rgb": True,
+        "processor_class": "Qwen3VLProcessor",
+    }
+    image = dict(
+        common,
+        image_processor_type="Qwen2VLImageProcessorFast",
+        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+    )
+    video = dict(
+        common,
+        video_processor_type="Qwen3VLVideoProcessor",
+        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS * 4},
+        fps=2,
+        min_frames=2,
+        max_frames=8,
+        do_sample_frames=True,
+    )
+    return image, video
+
+
+def _write_json(path: str, data: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def make_tiny_model(out: str, check: bool = True) -> str:
+    """Write the model directory ``out`` (created if missing); return it."""
+    os.makedirs(out, exist_ok=True)
+    _write_json(os.path.join(out, "config.json"), model_config())
+    build_tokenizer().save(os.path.join(out, "tokenizer.json"))
+    _write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config())
+    with open(os.path.join(out, "chat_template.jinja"), "w") as f:
+        f.write(CHAT_TEMPLATE)
+    image, video = processor_configs()
+    _write_json(os.path.join(out, "preprocessor_config.json"), image)
+    _write_json(os.path.join(out, "video_preprocessor_config.json"), video)
+    _write_json(
+        os.path.join(out, "generation_config.json"),
+        {"eos_token_id": token_ids()["<|im_end|>"], "do_sample": False},
+    )
+    if check:
+        check_model_dir(out)
+    return out
+
+
+def check_model_dir(path: str) -> None:
+    """Raise unless AutoProcessor loads ``path`` as the Qwen3-VL processor."""
+    from transformers import AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(path)
+    name = type(proc).__name__
+    if name != "Qwen3VLProcessor":
+        raise RuntimeError(f"AutoProcessor loaded {name}, expected Qwen3VLProcessor")
+    ids = token_ids()
+    if proc.image_token_id != ids["<|image_pad|>"]:
+        raise RuntimeError(f"image token id {proc.image_token_id} != {ids['<|image_pad|>']}")
+    special = set(proc.tokenizer.all_special_ids)
+    for tok in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"):
+        if ids[tok] not in special:
+            raise RuntimeError(f"{tok} is not a special token of the tokenizer")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="model directory to write")
+    parser.add_argument("--no-check", action="store_true",
+                        help="skip the AutoProcessor load check")
+    args = parser.parse_args(argv)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        print(f"make_tiny_model: --out {args.out} exists and is not a directory",
+              file=sys.stderr)
+        return 2
+    make_tiny_model(args.out, check=not args.no_check)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Demo-only start-up hook: make ONLY the ViT-batching gate see ROCm.
+
+NOT part of the patch series and not a product feature. The CPU server
+(``cpu_support/cpu_server.py``) puts this directory on ``PYTHONPATH`` and sets
+``FORK_DEMO_SIMULATE_ROCM_GATE=1`` only when a demo or benchmark asks for it;
+Python then imports this ``sitecustomize`` at start-up in every server
+process (HTTP server, tokenizer manager, every scheduler rank).
+
+On a CPU, SGLang batches ViT cache misses across requests like CUDA does. To
+show the ROCm decision on the CPU server, this hook patches sglang's modules
+right after they are imported (a post-import hook on ``sys.meta_path``):
+
+* series build (``mm_schedule._batch_vit_across_requests`` exists): that
+  gate, and ``mm_utils.hip_dp_encoder_batches_vit`` (which the vision warm-up
+  reads), are evaluated under ``override_platform(is_hip=True)``;
+* pristine build (no such attribute): the module global ``_is_hip`` that its
+  inline ``if _is_hip or _is_npu or _is_xpu:`` reads is set to True, which
+  forces the old per-request path.
+
+Nothing else sees ROCm: a process-wide override would send other code down
+ROCm-only kernels. The override in the series case is scoped to the gate's
+own call.
+
+Separately, ``FORK_DEMO_LOG_VIT_CALLS=1`` logs how the DP encoder splits each
+vision-encoder call across the attention-TP ranks (one line per call, from
+attention-TP rank 0, by wrapping ``mm_utils.get_dp_encoder_lb_assignment``):
+
+    [fork demo ViT calls] images per rank: 2 1
+
+The burst harness counts these lines to report images per rank.
+"""
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+_ENV = "FORK_DEMO_SIMULATE_ROCM_GATE"
+_VIT_ENV = "FORK_DEMO_LOG_VIT_CALLS"
+VIT_CALL_TAG = "[fork demo ViT calls] images per rank:"
+_MM_UTILS = "sglang.srt.multimodal.mm_utils"
+_MM_SCHEDULE = "sglang.srt.managers.mm_schedule"
+_TAG = "fork demo ROCm gate simulation"
+
+
+def _log(msg):
+    sys.stderr.write(f"[{_TAG}] pid {os.getpid()}: {msg}\n")
+
+
+def _under_hip(fn):
+    def gate(*args, **kwargs):
+        from sglang.srt.runtime_context import override_platform
+
+        with override_platform(is_hip=True):
+            return fn(*args, **kwargs)
+
+    gate.__name__ = getattr(fn, "__name__", "gate")
+    gate.__wrapped__ = fn
+    gate.__fork_rocm_sim__ = True
+    return gate
+
+
+def _log_vit_split(fn):
+    def assignment(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        try:
+            from sglang.srt.runtime_context import get_parallel
+
+            if get_parallel().attn_tp_rank == 0:
+                counts = " ".join(str(int(c)) for c in result[1])
+                sys.stderr.write(f"{VIT_CALL_TAG} {counts}\n")
+                sys.stderr.flush()
+        except Exception as e:  # noqa: BLE001 - logging must never break serving
+            sys.stderr.write(f"[{_TAG}] could not log a ViT call: {e}\n")
+        return result
+
+    assignment.__wrapped__ = fn
+    assignment.__fork_vit_log__ = True
+    return assignment
+
+
+def _patch_mm_utils(mod):
+    if os.environ.get(_VIT_ENV) == "1":
+        lb = getattr(mod, "get_dp_encoder_lb_assignment", None)
+        if lb is not None and not getattr(lb, "__fork_vit_log__", False):
+            mod.get_dp_encoder_lb_assignment = _log_vit_split(lb)
+    if os.environ.get(_ENV) != "1":
+        return
+    fn = getattr(mod, "hip_dp_encoder_batches_vit", None)
+    if fn is not None and not getattr(fn, "__fork_rocm_sim__", False):
+        mod.hip_dp_encoder_batches_vit = _under_hip(fn)
+        _log("mm_utils.hip_dp_encoder_batches_vit evaluates under override_platform(is_hip=True)")
+
+
+def _patch_mm_schedule(mod):
+    if os.environ.get(_ENV) != "1":
+        return
+    fn = getattr(mod, "_batch_vit_across_requests", None)
+    if fn is not None:
+        if not getattr(fn, "__fork_rocm_sim__", False):
+            mod._batch_vit_across_requests = _under_hip(fn)
+            _log("series build: mm_schedule._batch_vit_across_requests evaluates "
+                 "under override_platform(is_hip=True)")
+    elif hasattr(mod, "_is_hip"):
+        mod._is_hip = True
+        _log("pristine build: mm_schedule._is_hip = True (per-request ViT path)")
+    else:
+        _log("mm_schedule has neither _batch_vit_across_requests nor _is_hip; "
+             "nothing patched")
+
+
+_PATCHERS = {_MM_UTILS: _patch_mm_utils, _MM_SCHEDULE: _patch_mm_schedule}
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader, patch):
+        self._loader = loader
+        self._patch = patch
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._patch(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _PostImportPatcher(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        patch = _PATCHERS.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
+
+
+def install():
+    if any(isinstance(f, _PostImportPatcher) for f in sys.meta_path):
+        return
+    for name, patch in _PATCHERS.items():
+        if name in sys.modules:  # imported before us (should not happen)
+            patch(sys.modules[name])
+    sys.meta_path.insert(0, _PostImportPatcher())
+
+
+if os.environ.get(_ENV) == "1" or os.environ.get(_VIT_ENV) == "1":
+    install()

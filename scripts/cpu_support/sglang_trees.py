@@ -1,0 +1,118 @@
+"""Two ``--target`` trees of SGLang 0.5.23 for A/B runs: pristine and series.
+
+    python scripts/cpu_support/sglang_trees.py [--root .cache/trees]
+
+prints the two directories. A tree is a folder holding the ``sglang``
+package (and its dist-info); putting it first on ``PYTHONPATH`` makes any
+Python with the right dependencies import that sglang instead of its own.
+
+* pristine: the release wheel unpacked (from ``.cache/wheels``, which
+  ``make setup`` fills, or downloaded with ``pip download --no-deps``);
+* series: a copy of pristine with ``scripts/series.py apply`` run on it.
+  It is rebuilt when the series' hash changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SERIES_PY = os.path.join(ROOT, "scripts", "series.py")
+DEFAULT_TREES = os.path.join(ROOT, ".cache", "trees")
+WHEEL_DIRS = (os.path.join(ROOT, ".cache", "wheels"), "/tmp/sg")
+
+
+class TreeError(RuntimeError):
+    pass
+
+
+def find_wheel(version: str = "0.5.23") -> str:
+    for d in WHEEL_DIRS:
+        hits = sorted(glob.glob(os.path.join(d, f"sglang-{version}-*.whl")))
+        if hits:
+            return hits[0]
+    dest = WHEEL_DIRS[0]
+    os.makedirs(dest, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", dest,
+         f"sglang=={version}"], check=True,
+    )
+    hits = sorted(glob.glob(os.path.join(dest, f"sglang-{version}-*.whl")))
+    if not hits:
+        raise TreeError(f"no sglang {version} wheel in {', '.join(WHEEL_DIRS)} and download failed")
+    return hits[0]
+
+
+def _unpack(wheel: str, dest: str) -> None:
+    tmp = dest + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as z:
+        members = [m for m in z.namelist()
+                   if m.startswith("sglang/") or m.split("/")[0].endswith(".dist-info")]
+        z.extractall(tmp, members)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+
+
+def series_status(target: str) -> dict:
+    """``series.py status --json --target TARGET`` as a dict."""
+    if not os.path.isfile(SERIES_PY):
+        raise TreeError(f"{SERIES_PY} is missing")
+    out = subprocess.run(
+        [sys.executable, SERIES_PY, "status", "--json", "--target", target],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    return json.loads(out)
+
+
+def pristine_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
+    dest = os.path.join(root, f"sglang-{version}-pristine")
+    if not os.path.isfile(os.path.join(dest, "sglang", "version.py")):
+        os.makedirs(root, exist_ok=True)
+        _unpack(find_wheel(version), dest)
+    return dest
+
+
+def series_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
+    dest = os.path.join(root, f"sglang-{version}-series")
+    pristine = pristine_tree(root, version)
+    if os.path.isdir(dest):
+        st = series_status(dest)
+        if st.get("applied") and st.get("current"):
+            return dest
+        shutil.rmtree(dest)
+    tmp = dest + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(pristine, tmp, symlinks=True)
+    proc = subprocess.run([sys.executable, SERIES_PY, "apply", "--target", tmp],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise TreeError(f"series.py apply failed on a pristine {version} tree: "
+                        f"{(proc.stdout + proc.stderr).strip()}")
+    os.replace(tmp, dest)
+    return dest
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Make the pristine and series sglang trees")
+    p.add_argument("--root", default=DEFAULT_TREES)
+    a = p.parse_args(argv)
+    try:
+        print(pristine_tree(a.root))
+        print(series_tree(a.root))
+    except (TreeError, subprocess.CalledProcessError) as e:
+        print(f"sglang_trees: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
