@@ -35,10 +35,17 @@ if [ ! -f "$STAMP" ]; then
   done
   # Pristine release wheels: the apply tool's tests and rebases read them.
   mkdir -p .cache/wheels
-  $PIP download --no-deps -d .cache/wheels sglang==0.5.22 sglang==0.5.23 2>&1 | quiet
+  for v in 0.5.22 0.5.23; do
+    ls .cache/wheels/sglang-$v-*.whl >/dev/null 2>&1 ||
+      $PIP download --no-deps -d .cache/wheels sglang==$v 2>&1 | quiet
+  done
   rm -f "$VENV"/.fork-setup-*
   touch "$STAMP"
 fi
 
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-"$VENV/bin/python" scripts/series.py apply --target "$SITE"
+# The venv is ours: when the series changed since it was applied (a patch was
+# edited or added), --replace checks the new series against the saved upstream
+# files, reverts the old one and applies the new one. Plain `apply` refuses, as
+# it must on somebody else's tree.
+"$VENV/bin/python" scripts/series.py apply --replace --target "$SITE"
