@@ -1,0 +1,652 @@
+#!/usr/bin/env python
+"""Image bursts against ONE running SGLang server, through sglang.bench_serving.
+
+The seed's experiment (shared/seeds/001_*): optionally a text-only warm-up
+burst (so only the vision tower is cold), then K image bursts, each a
+``python -m sglang.bench_serving --backend sglang-oai-chat --dataset-name
+image`` run. Defaults are the seed's: 2 bursts of 64 prompts at concurrency
+64, 512x512 images, 1024 input / 128 output tokens, seed 42.
+
+Output: a JSON file with every raw number (bench_serving's result and
+per-request details per burst, the counts below) and a markdown table per
+burst (completed/failed, mean/P50/P99 TTFT, output tok/s), headed by the
+exact command, the sglang version, the series hash (``series.py status``),
+the server flags and the date. Failed requests are counted and shown.
+
+``--server-log FILE``: the server's log (stdout+stderr). Torch compile
+events logged after the server reported ready are counted per rank, in
+total and per burst. An event is one ``[__recompiles] Recompiling function``
+record (``TORCH_LOGS=recompiles``) or one ``torchdynamo start tracing``
+record (``TORCH_LOGS=dynamo``, which also shows first compiles), counted
+once per process and dynamo compile id. If the server was started with the
+fork's demo hook ``FORK_DEMO_LOG_VIT_CALLS=1``, the images each rank encoded
+per burst are counted too.
+
+Example (a server on :30000)::
+
+    python scripts/bench_image_burst.py --base-url http://127.0.0.1:30000 \\
+        --model Qwen/Qwen3-VL-8B-Instruct --server-log server.log \\
+        --warmup-text-prompts 64 --out-json burst.json --out-md burst.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+READY_MARKER = "The server is fired up and ready to roll!"
+VIT_CALL_TAG = "[fork demo ViT calls] images per rank:"
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear interpolation between ranks.
+
+    Same definition as ``numpy.percentile``'s default (and bench_serving's).
+    """
+    if not values:
+        raise ValueError("percentile of an empty sequence")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50)
+
+
+def burst_stats(
+    ttfts_s: Sequence[float],
+    errors: Sequence[str],
+    output_lens: Sequence[int],
+    duration_s: float,
+    num_prompts: Optional[int] = None,
+) -> Dict[str, Optional[float]]:
+    """Completed/failed counts, TTFT mean/P50/P99 (ms) and output tok/s.
+
+    A request failed when its error is non-empty. TTFTs and output tokens of
+    completed requests only. ``num_prompts`` (if given) also counts requests
+    missing from the lists as failed.
+    """
+    if not (len(ttfts_s) == len(errors) == len(output_lens)):
+        raise ValueError(
+            f"ttfts ({len(ttfts_s)}), errors ({len(errors)}) and output_lens "
+            f"({len(output_lens)}) must have one entry per request"
+        )
+    ok = [i for i, e in enumerate(errors) if not e]
+    failed = len(errors) - len(ok)
+    if num_prompts is not None:
+        if num_prompts < len(errors):
+            raise ValueError(f"num_prompts {num_prompts} < {len(errors)} results")
+        failed += num_prompts - len(errors)
+    ttft_ms = [1000.0 * ttfts_s[i] for i in ok]
+    out_tokens = sum(int(output_lens[i]) for i in ok)
+    return {
+        "completed": len(ok),
+        "failed": failed,
+        "mean_ttft_ms": sum(ttft_ms) / len(ttft_ms) if ttft_ms else None,
+        "p50_ttft_ms": percentile(ttft_ms, 50) if ttft_ms else None,
+        "p99_ttft_ms": percentile(ttft_ms, 99) if ttft_ms else None,
+        "output_tokens": out_tokens,
+        "duration_s": duration_s,
+        "output_tok_s": out_tokens / duration_s if ttft_ms and duration_s > 0 else None,
+    }
+
+
+# ---------------------------------------------------------------------------
+# Server-log counters
+# ---------------------------------------------------------------------------
+
+# glog-style torch log line: optional "[rankN]:" prefix, level+date, time, pid,
+# source, then the dynamo compile id "[frame/compile]".
+_TORCH_LINE = re.compile(
+    r"^(?:\[rank(?P<rank>\d+)\]:)?[IWVDE]\d{4} [\d:.]+\s+(?P<pid>\d+) \S+\] "
+    r"\[(?P<cid>\d+/\d+)\](?: \[__recompiles\])? (?P<msg>.*)$"
+)
+_RECOMPILING = re.compile(r"^Recompiling function (?P<fn>\S+) in (?P<where>\S+)")
+_START_TRACING = re.compile(r"^Step 1: torchdynamo start tracing (?P<fn>\S+) (?P<where>\S+)")
+
+
+@dataclass
+class CompileEvent:
+    rank: str  # "rank0" when the line names it, else "pid1234"
+    pid: int
+    compile_id: str
+    function: str
+    where: str
+    line_no: int
+
+
+def parse_compile_events(lines: Sequence[str], start_line: int = 0) -> List[CompileEvent]:
+    """Torch compile events in ``lines``, one per (process, compile id)."""
+    seen = set()
+    events: List[CompileEvent] = []
+    for n, raw in enumerate(lines, start=start_line):
+        m = _TORCH_LINE.match(raw.rstrip("\n"))
+        if not m:
+            continue
+        msg = m.group("msg")
+        hit = _RECOMPILING.match(msg) or _START_TRACING.match(msg)
+        if not hit:
+            continue
+        pid = int(m.group("pid"))
+        key = (pid, m.group("cid"))
+        if key in seen:
+            continue
+        seen.add(key)
+        rank = f"rank{m.group('rank')}" if m.group("rank") is not None else f"pid{pid}"
+        events.append(CompileEvent(rank, pid, m.group("cid"), hit.group("fn"),
+                                   hit.group("where"), n))
+    return events
+
+
+def ready_line_index(lines: Sequence[str], marker: str = READY_MARKER) -> Optional[int]:
+    """Index of the first line holding ``marker`` (the server reported ready)."""
+    for i, line in enumerate(lines):
+        if marker in line:
+            return i
+    return None
+
+
+def compiles_per_rank(events: Sequence[CompileEvent]) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for e in events:
+        out[e.rank] = out.get(e.rank, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def vit_images_per_rank(lines: Sequence[str]) -> Optional[List[int]]:
+    """Images per attention-TP rank summed over the ViT-call lines, or None."""
+    total: Optional[List[int]] = None
+    for line in lines:
+        i = line.find(VIT_CALL_TAG)
+        if i < 0:
+            continue
+        counts = [int(x) for x in line[i + len(VIT_CALL_TAG):].split()]
+        if total is None:
+            total = [0] * len(counts)
+        if len(counts) != len(total):
+            raise ValueError(f"ViT call lines disagree on the rank count: {line.strip()}")
+        total = [a + b for a, b in zip(total, counts)]
+    return total
+
+
+def vit_calls(lines: Sequence[str]) -> int:
+    return sum(1 for line in lines if VIT_CALL_TAG in line)
+
+
+class LogCursor:
+    """Reads a growing server log from where the previous call stopped."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.lines_read = 0
+        self._offset = 0
+
+    def read_new(self) -> List[str]:
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        cut = data.rfind(b"\n") + 1  # keep a half-written last line for later
+        self._offset += cut
+        lines = data[:cut].decode("utf-8", "replace").splitlines(keepends=True)
+        self.lines_read += len(lines)
+        return lines
+
+
+# ---------------------------------------------------------------------------
+# Provenance
+# ---------------------------------------------------------------------------
+
+
+def sglang_version(python: str = sys.executable, python_path: Sequence[str] = ()) -> str:
+    env = dict(os.environ)
+    if python_path:
+        env["PYTHONPATH"] = os.pathsep.join(list(python_path) + [env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [python, "-c", "import sglang.version as v; print(v.__version__)"],
+        capture_output=True, text=True, env=env,
+    )
+    return out.stdout.strip() or "unknown"
+
+
+def sglang_dir(python: str = sys.executable, python_path: Sequence[str] = ()) -> Optional[str]:
+    """The folder holding the ``sglang`` package that ``python`` imports."""
+    env = dict(os.environ)
+    if python_path:
+        env["PYTHONPATH"] = os.pathsep.join(list(python_path) + [env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [python, "-c", "import os, importlib.util as u; "
+         "print(os.path.dirname(os.path.dirname(u.find_spec('sglang').origin)))"],
+        capture_output=True, text=True, env=env,
+    )
+    return out.stdout.strip() or None
+
+
+def series_hash(target: Optional[str]) -> str:
+    """The applied series' hash in ``target`` per ``series.py status --json``.
+
+    ``"none (pristine)"`` when no series is applied there; ``"unknown (...)"``
+    when it cannot be told (e.g. a remote server: pass ``--series-hash``).
+    """
+    if not target:
+        return "unknown (no sglang target)"
+    series_py = os.path.join(ROOT, "scripts", "series.py")
+    if not os.path.isfile(series_py):
+        return "unknown (scripts/series.py missing)"
+    proc = subprocess.run(
+        [sys.executable, series_py, "status", "--json", "--target", target],
+        capture_output=True, text=True,
+    )
+    try:
+        st = json.loads(proc.stdout)
+    except ValueError:
+        return f"unknown (series.py status failed: {proc.stderr.strip()[:200]})"
+    if not st.get("applied"):
+        return "none (pristine)"
+    h = st.get("series_hash") or "?"
+    return h if st.get("current") else f"{h} (not the repo's current series)"
+
+
+# ---------------------------------------------------------------------------
+# bench_serving driver
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class BurstConfig:
+    num_prompts: int = 64
+    max_concurrency: int = 64
+    image_resolution: str = "512x512"
+    image_count: int = 1
+    input_len: int = 1024
+    output_len: int = 128
+    seed: int = 42
+    image_format: str = "png"
+    image_content: str = "random"
+
+
+def parse_resolution(text: str) -> Tuple[int, int]:
+    m = re.fullmatch(r"(\d+)x(\d+)", text or "")
+    if not m or int(m.group(1)) <= 0 or int(m.group(2)) <= 0:
+        raise ValueError(f"image resolution must be HEIGHTxWIDTH, e.g. 512x512; got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def bench_serving_command(
+    *,
+    base_url: str,
+    model: str,
+    tokenizer: Optional[str],
+    output_file: str,
+    cfg: BurstConfig,
+    text_only: bool = False,
+    python: str = sys.executable,
+    extra: Sequence[str] = (),
+) -> List[str]:
+    cmd = [
+        python, "-m", "sglang.bench_serving",
+        "--backend", "sglang-oai-chat",
+        "--base-url", base_url,
+        "--model", model,
+        "--tokenizer", tokenizer or model,
+        "--random-input-len", str(cfg.input_len),
+        "--random-output-len", str(cfg.output_len),
+        "--random-range-ratio", "1.0",
+        "--num-prompts", str(cfg.num_prompts),
+        "--max-concurrency", str(cfg.max_concurrency),
+        "--seed", str(cfg.seed),
+        # No extra unmeasured request: the text warm-up burst is explicit, and
+        # an image warm-up request would warm the encoder we want cold.
+        "--warmup-requests", "0",
+        "--output-file", output_file,
+        "--output-details",
+        "--disable-tqdm",
+    ]
+    if text_only:
+        cmd += ["--dataset-name", "random-ids"]
+    else:
+        cmd += [
+            "--dataset-name", "image",
+            "--image-resolution", cfg.image_resolution,
+            "--image-count", str(cfg.image_count),
+            "--image-format", cfg.image_format,
+            "--image-content", cfg.image_content,
+        ]
+    return cmd + list(extra)
+
+
+def run_bench_serving(cmd: List[str], output_file: str, log_file: str,
+                      timeout: float) -> Tuple[Optional[dict], int, str]:
+    """Run one bench_serving burst; return (last JSONL record or None, rc, tail)."""
+    if os.path.exists(output_file):
+        os.remove(output_file)
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    with open(log_file, "w") as log:
+        log.write("$ " + shlex.join(cmd) + "\n")
+        log.flush()
+        try:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    with open(log_file, errors="replace") as f:
+        tail = "".join(f.readlines()[-15:])
+    record = None
+    if os.path.exists(output_file):
+        with open(output_file) as f:
+            rows = [line for line in f if line.strip()]
+        if rows:
+            record = json.loads(rows[-1])
+    return record, rc, tail
+
+
+def summarize_record(record: Optional[dict], num_prompts: int, rc: int, tail: str) -> dict:
+    """burst_stats from a bench_serving record; a crashed run counts all failed."""
+    if record is None or "ttfts" not in record:
+        why = tail.strip().splitlines()[-1] if tail.strip() else f"exit code {rc}"
+        stats = burst_stats([], [], [], 0.0, num_prompts=num_prompts)
+        stats["harness_error"] = f"bench_serving produced no result (rc={rc}): {why}"
+        return stats
+    stats = burst_stats(
+        record["ttfts"], [e or "" for e in record["errors"]],
+        record["output_lens"], float(record.get("duration") or 0.0),
+        num_prompts=num_prompts,
+    )
+    if rc != 0:
+        stats["harness_error"] = f"bench_serving exited with code {rc}"
+    return stats
+
+
+def run_bursts(
+    *,
+    base_url: str,
+    model: str,
+    tokenizer: Optional[str] = None,
+    bursts: int = 2,
+    cfg: Optional[BurstConfig] = None,
+    seed_step: int = 0,
+    warmup_text_prompts: int = 0,
+    warmup_text_cfg: Optional[BurstConfig] = None,
+    server_log: Optional[str] = None,
+    ready_marker: str = READY_MARKER,
+    work_dir: Optional[str] = None,
+    timeout: float = 3600.0,
+    python: str = sys.executable,
+    echo=print,
+) -> dict:
+    """Text warm-up (optional) then ``bursts`` image bursts; the raw results."""
+    cfg = cfg or BurstConfig()
+    if bursts < 1:
+        raise ValueError("bursts must be >= 1")
+    if cfg.num_prompts < 1 or cfg.max_concurrency < 1:
+        raise ValueError("num_prompts and max_concurrency must be >= 1")
+    parse_resolution(cfg.image_resolution)
+    work_dir = work_dir or tempfile.mkdtemp(prefix="image-burst-")
+    os.makedirs(work_dir, exist_ok=True)
+    cursor = None
+    after_ready: List[str] = []
+    ready_seen = False
+    if server_log:
+        if not os.path.isfile(server_log):
+            raise BenchError(f"--server-log {server_log} does not exist")
+        cursor = LogCursor(server_log)
+
+    def take_log() -> Tuple[int, List[str]]:
+        """New server-log lines since the last call; only those after ready."""
+        nonlocal ready_seen
+        if cursor is None:
+            return 0, []
+        first = cursor.lines_read
+        lines = cursor.read_new()
+        if not ready_seen:
+            i = ready_line_index(lines, ready_marker)
+            if i is None:
+                return first + len(lines), []
+            ready_seen = True
+            first, lines = first + i + 1, lines[i + 1:]
+        after_ready.extend(lines)
+        return first, lines
+
+    result = {"warmup": None, "bursts": [], "work_dir": work_dir}
+    take_log()  # everything up to now: start-up, before the first burst
+    if warmup_text_prompts > 0:
+        wcfg = warmup_text_cfg or BurstConfig(
+            num_prompts=warmup_text_prompts, max_concurrency=cfg.max_concurrency,
+            input_len=cfg.input_len, output_len=cfg.output_len, seed=cfg.seed,
+        )
+        out = os.path.join(work_dir, "warmup_text.jsonl")
+        cmd = bench_serving_command(base_url=base_url, model=model, tokenizer=tokenizer,
+                                    output_file=out, cfg=wcfg, text_only=True, python=python)
+        echo(f"text warm-up: {wcfg.num_prompts} prompts, concurrency {wcfg.max_concurrency}, "
+             f"{wcfg.input_len}/{wcfg.output_len} tokens")
+        rec, rc, tail = run_bench_serving(cmd, out, os.path.join(work_dir, "warmup_text.log"), timeout)
+        first, lines = take_log()
+        stats = summarize_record(rec, wcfg.num_prompts, rc, tail)
+        stats["compiles_per_rank"] = compiles_per_rank(parse_compile_events(lines, first))
+        result["warmup"] = {"command": cmd, "stats": stats, "bench_serving": rec,
+                            "config": vars(wcfg)}
+    for k in range(bursts):
+        out = os.path.join(work_dir, f"burst{k + 1}.jsonl")
+        bcfg = BurstConfig(**{**vars(cfg), "seed": cfg.seed + k * seed_step})
+        cmd = bench_serving_command(base_url=base_url, model=model, tokenizer=tokenizer,
+                                    output_file=out, cfg=bcfg, python=python)
+        echo(f"image burst {k + 1}/{bursts}: {cfg.num_prompts} prompts, concurrency "
+             f"{cfg.max_concurrency}, {cfg.image_resolution}, {cfg.input_len}/{cfg.output_len} tokens")
+        t0 = time.time()
+        rec, rc, tail = run_bench_serving(cmd, out, os.path.join(work_dir, f"burst{k + 1}.log"), timeout)
+        first, lines = take_log()
+        stats = summarize_record(rec, cfg.num_prompts, rc, tail)
+        events = parse_compile_events(lines, first)
+        stats["compiles_per_rank"] = compiles_per_rank(events)
+        stats["compile_events"] = [vars(e) for e in events]
+        stats["images_per_rank"] = vit_images_per_rank(lines)
+        stats["vit_calls"] = vit_calls(lines) if cursor is not None else None
+        stats["wall_s"] = time.time() - t0
+        result["bursts"].append({"burst": k + 1, "seed": bcfg.seed, "command": cmd,
+                                 "stats": stats, "bench_serving": rec})
+    if cursor is not None:
+        take_log()
+        events = parse_compile_events(after_ready)
+        result["server_log"] = {
+            "path": os.path.abspath(server_log),
+            "ready_marker_seen": ready_seen,
+            "compiles_after_ready_per_rank": compiles_per_rank(events),
+            "compile_events_after_ready": [vars(e) for e in events],
+        }
+    result["config"] = dict(vars(cfg), seed_step=seed_step)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------
+
+
+def fmt_ms(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:.1f}"
+
+
+def fmt_compiles(per_rank: Optional[Dict[str, int]], counted: bool = True) -> str:
+    if not counted:
+        return "not counted"
+    if not per_rank:
+        return "0"
+    return f"{sum(per_rank.values())} (" + ", ".join(f"{k}: {v}" for k, v in per_rank.items()) + ")"
+
+
+def fmt_images(per_rank: Optional[List[int]]) -> str:
+    return "n/a" if per_rank is None else " / ".join(str(x) for x in per_rank)
+
+
+def header_lines(meta: dict) -> List[str]:
+    lines = [
+        f"- command: `{meta['command']}`",
+        f"- sglang: {meta['sglang_version']}; series: {meta['series_hash']}",
+        f"- server flags: `{meta['server_flags']}`",
+    ]
+    if meta.get("server_env"):
+        lines.append("- server env: " + ", ".join(f"`{k}={v}`" for k, v in meta["server_env"].items()))
+    lines.append(f"- date: {meta['date']}")
+    return lines
+
+
+def burst_table(result: dict, counted_compiles: bool) -> List[str]:
+    rows = [
+        "| Burst | Completed | Failed | Mean TTFT (ms) | P50 TTFT (ms) | P99 TTFT (ms) "
+        "| Output tok/s | Images per rank | Compiles after ready |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    if result.get("warmup"):
+        s = result["warmup"]["stats"]
+        rows.append(
+            f"| text warm-up | {s['completed']} | {s['failed']} | {fmt_ms(s['mean_ttft_ms'])} | "
+            f"{fmt_ms(s['p50_ttft_ms'])} | {fmt_ms(s['p99_ttft_ms'])} | {fmt_ms(s['output_tok_s'])} | "
+            f"– | {fmt_compiles(s.get('compiles_per_rank'), counted_compiles)} |"
+        )
+    for b in result["bursts"]:
+        s = b["stats"]
+        rows.append(
+            f"| {b['burst']} | {s['completed']} | {s['failed']} | {fmt_ms(s['mean_ttft_ms'])} | "
+            f"{fmt_ms(s['p50_ttft_ms'])} | {fmt_ms(s['p99_ttft_ms'])} | {fmt_ms(s['output_tok_s'])} | "
+            f"{fmt_images(s.get('images_per_rank'))} | "
+            f"{fmt_compiles(s.get('compiles_per_rank'), counted_compiles)} |"
+        )
+    errs = [(b["burst"], b["stats"]["harness_error"]) for b in result["bursts"]
+            if b["stats"].get("harness_error")]
+    for burst, err in errs:
+        rows.append(f"\nBurst {burst}: {err}")
+    return rows
+
+
+def markdown_report(result: dict, meta: dict) -> str:
+    cfg = result["config"]
+    lines = ["## Image bursts", ""] + header_lines(meta) + [
+        f"- bursts: {len(result['bursts'])} x {cfg['num_prompts']} prompts at concurrency "
+        f"{cfg['max_concurrency']}, {cfg['image_count']} image(s) of {cfg['image_resolution']}, "
+        f"{cfg['input_len']} input / {cfg['output_len']} output tokens, seed "
+        + ", ".join(str(b["seed"]) for b in result["bursts"]),
+    ]
+    w = result.get("warmup")
+    lines.append(
+        f"- warm-up: {w['config']['num_prompts']} text-only prompts" if w else "- warm-up: none"
+    )
+    lines += ["", *burst_table(result, counted_compiles="server_log" in result)]
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:30000")
+    p.add_argument("--model", required=True, help="served model (name/path; also loads the processor)")
+    p.add_argument("--tokenizer", help="tokenizer/processor path (default: --model)")
+    p.add_argument("--bursts", type=int, default=2)
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--max-concurrency", type=int, default=64)
+    p.add_argument("--image-resolution", default="512x512", help="HEIGHTxWIDTH")
+    p.add_argument("--image-count", type=int, default=1, help="images per request")
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--seed-step", type=int, default=0,
+                   help="burst k uses seed + (k-1)*STEP; 0 (the seed's protocol) repeats the "
+                        "same images, which the server's embedding cache may then serve "
+                        "without running the encoder")
+    p.add_argument("--warmup-text-prompts", type=int, default=0,
+                   help="text-only warm-up burst of N prompts first (0: none)")
+    p.add_argument("--server-log", help="server log to count compiles (and ViT calls) after ready")
+    p.add_argument("--ready-marker", default=READY_MARKER)
+    p.add_argument("--server-flags", default="(not given)", help="the server's flags, for the header")
+    p.add_argument("--sglang-target", help="folder holding the server's sglang (for version + series hash)")
+    p.add_argument("--series-hash", help="override the series hash in the header (remote servers)")
+    p.add_argument("--out-json", default="image_burst.json")
+    p.add_argument("--out-md", default="image_burst.md")
+    p.add_argument("--work-dir", help="where bench_serving's files go (default: a temp dir)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per burst")
+    return p
+
+
+def validate(args) -> None:
+    for name in ("bursts", "num_prompts", "max_concurrency", "image_count", "input_len", "output_len"):
+        if getattr(args, name) < 1:
+            raise BenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup_text_prompts < 0:
+        raise BenchError("--warmup-text-prompts must be >= 0")
+    try:
+        parse_resolution(args.image_resolution)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    if args.server_log and not os.path.isfile(args.server_log):
+        raise BenchError(f"--server-log {args.server_log} does not exist")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        validate(args)
+        cfg = BurstConfig(
+            num_prompts=args.num_prompts, max_concurrency=args.max_concurrency,
+            image_resolution=args.image_resolution, image_count=args.image_count,
+            input_len=args.input_len, output_len=args.output_len, seed=args.seed,
+        )
+        result = run_bursts(
+            base_url=args.base_url, model=args.model, tokenizer=args.tokenizer,
+            bursts=args.bursts, cfg=cfg, seed_step=args.seed_step,
+            warmup_text_prompts=args.warmup_text_prompts,
+            server_log=args.server_log, ready_marker=args.ready_marker,
+            work_dir=args.work_dir, timeout=args.timeout,
+        )
+    except BenchError as e:
+        print(f"bench_image_burst: {e}", file=sys.stderr)
+        return 2
+    target = args.sglang_target or sglang_dir()
+    meta = {
+        "command": shlex.join([os.path.relpath(sys.argv[0]) if sys.argv else "bench_image_burst.py",
+                               *(argv if argv is not None else sys.argv[1:])]),
+        "sglang_version": sglang_version(python_path=[args.sglang_target] if args.sglang_target else ()),
+        "series_hash": args.series_hash or series_hash(target),
+        "server_flags": args.server_flags,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+    }
+    report = markdown_report(result, meta)
+    with open(args.out_json, "w") as f:
+        json.dump({"meta": meta, **result}, f, indent=1)
+    with open(args.out_md, "w") as f:
+        f.write(report)
+    print(report)
+    failed = sum(b["stats"]["failed"] for b in result["bursts"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
