@@ -122,7 +122,18 @@ def publish_cpu_context(
 
 
 def init_gloo(rank: int, world_size: int, init_method: str) -> None:
-    """SGLang's distributed environment and model-parallel groups, on gloo."""
+    """SGLang's distributed environment and model-parallel groups, on gloo.
+
+    Idempotent within a process (several test modules share one pytest
+    process): a second call with the same world size keeps the groups.
+    """
+    if torch.distributed.is_initialized():
+        if torch.distributed.get_world_size() != world_size:
+            raise RuntimeError(
+                f"gloo already initialized with world size "
+                f"{torch.distributed.get_world_size()}, asked for {world_size}"
+            )
+        return
     from sglang.srt.distributed.parallel_state import (
         init_distributed_environment,
         initialize_model_parallel,

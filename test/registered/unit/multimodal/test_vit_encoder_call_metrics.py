@@ -1,0 +1,132 @@
+"""Encoder-call metrics and DEBUG lines, through the real scheduler path.
+
+Values are read back from prometheus_client's real registry: what a
+``/metrics`` scrape of this process would show.
+"""
+
+import contextlib
+import logging
+
+import pytest
+import torch
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
+
+from cpu_support import mm_harness as H  # noqa: E402
+from cpu_support import tiny_qwen3_vl as T  # noqa: E402
+from cpu_support.ranks import free_port  # noqa: E402
+
+ROCM = dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False)
+CUDA = dict(is_hip=False, is_cuda=True, is_npu=False, is_xpu=False)
+
+
+@pytest.fixture(scope="module")
+def model():
+    T.publish_cpu_context(tp_size=1)
+    T.init_gloo(0, 1, f"tcp://127.0.0.1:{free_port()}")
+    return T.build_tiny_qwen3_vl(seed=9)
+
+
+@contextlib.contextmanager
+def metrics_on(platform):
+    from sglang.srt.runtime_context import get_observability, override_platform
+
+    with get_observability().override(enable_metrics=True), override_platform(**platform):
+        yield
+
+
+def sample(name, **labels):
+    from prometheus_client import REGISTRY
+
+    value = REGISTRY.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def snapshot(path):
+    from sglang.srt.runtime_context import get_serving
+
+    labels = {"model_name": str(get_serving().served_model_name), "path": path}
+    return {
+        "calls": sample("sglang:mm_encoder_calls_total", **labels),
+        "images_sum": sample("sglang:mm_encoder_call_images_sum", **labels),
+        "images_count": sample("sglang:mm_encoder_call_images_count", **labels),
+        "requests_sum": sample("sglang:mm_encoder_call_requests_sum", **labels),
+        "patches_sum": sample("sglang:mm_encoder_call_patches_sum", **labels),
+        "images_le_1": sample("sglang:mm_encoder_call_images_bucket", le="1.0", **labels),
+    }
+
+
+def delta(after, before):
+    return {k: after[k] - before[k] for k in after}
+
+
+N = 5
+
+
+def _burst():
+    return [H.make_request([(1, 8, 8)], seed=300 + i) for i in range(N)]
+
+
+def test_batched_burst_counts_one_call_of_n_images(model, caplog):
+    H.fresh_embedding_cache()
+    before = snapshot("batched")
+    with torch.no_grad(), metrics_on(CUDA), caplog.at_level(
+        logging.DEBUG, logger="sglang.srt.observability.vit_batch_metrics"
+    ):
+        H.run_prefill_embedding(model, _burst())
+    d = delta(snapshot("batched"), before)
+    assert d == {
+        "calls": 1,
+        "images_sum": N,
+        "images_count": 1,
+        "requests_sum": N,
+        "patches_sum": N * 64,
+        "images_le_1": 0,
+    }
+    lines = [r.getMessage() for r in caplog.records if "ViT encoder call" in r.getMessage()]
+    assert lines == [f"ViT encoder call: path=batched requests={N} images={N} patches={N * 64} rank=0"]
+
+
+def test_per_request_burst_counts_n_calls_of_one_image(model):
+    from sglang.srt.runtime_context import get_mm
+
+    H.fresh_embedding_cache()
+    before = snapshot("per_request")
+    with torch.no_grad(), metrics_on(ROCM), get_mm().override(mm_enable_dp_encoder=False):
+        H.run_prefill_embedding(model, _burst())
+    d = delta(snapshot("per_request"), before)
+    assert d["calls"] == N and d["images_sum"] == N and d["images_count"] == N
+    assert d["requests_sum"] == N and d["images_le_1"] == N
+
+
+def test_capped_calls_are_counted_per_call(model):
+    from sglang.srt.runtime_context import get_mm
+
+    H.fresh_embedding_cache()
+    before = snapshot("batched")
+    with torch.no_grad(), metrics_on(CUDA), get_mm().override(mm_max_encoder_patches_per_call=128):
+        H.run_prefill_embedding(model, _burst())  # 5 x 64 patches -> 2 + 2 + 1
+    d = delta(snapshot("batched"), before)
+    assert d["calls"] == 3 and d["images_sum"] == N and d["requests_sum"] == N
+
+
+def test_cache_hits_make_no_call_and_no_sample(model):
+    H.fresh_embedding_cache()
+    with torch.no_grad(), metrics_on(CUDA):
+        requests = _burst()
+        H.run_prefill_embedding(model, requests)
+        before = snapshot("batched")
+        H.run_prefill_embedding(model, requests)
+    assert delta(snapshot("batched"), before)["calls"] == 0
+
+
+def test_metrics_off_records_nothing(model):
+    from sglang.srt.runtime_context import override_platform
+
+    H.fresh_embedding_cache()
+    before = snapshot("batched")
+    with torch.no_grad(), override_platform(**CUDA):
+        H.run_prefill_embedding(model, _burst())
+    assert delta(snapshot("batched"), before)["calls"] == 0
