@@ -111,10 +111,15 @@ def server_env(
     simulate_rocm_gate: bool = False,
     log_vit_calls: bool = False,
     python_path: Sequence[str] = (),
-    torch_logs: Optional[str] = "recompiles",
+    torch_logs: Optional[str] = "recompiles,dynamo",
     base: Optional[Dict[str, str]] = None,
 ) -> Dict[str, str]:
-    """Environment of the CPU server (each variable is explained in docs/cpu.md)."""
+    """Environment of the CPU server (each variable is explained in docs/cpu.md).
+
+    ``TORCH_LOGS``: ``recompiles`` logs recompilations only; ``dynamo`` adds
+    one "start tracing" record per compile, first compiles included, which is
+    what "compiles after ready" counts.
+    """
     env = dict(os.environ if base is None else base)
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     env["SGLANG_NCCL_SO_PATH"] = MISSING_NCCL_PATH
@@ -158,42 +163,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-class CpuServer:
-    """One ``sglang.launch_server`` process tree on the CPU."""
+class ServerProcess:
+    """One server process tree started from ``command``; ready = /health 200."""
 
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        log_path: str,
-        tp_size: int = 1,
-        dp_encoder: bool = False,
-        port: Optional[int] = None,
-        python: str = sys.executable,
-        python_path: Sequence[str] = (),
-        simulate_rocm_gate: bool = False,
-        log_vit_calls: bool = False,
-        torch_logs: Optional[str] = "recompiles",
-        max_total_tokens: int = 4096,
-        extra_args: Sequence[str] = (),
-        ready_timeout: float = 300.0,
-    ):
-        if not os.path.isfile(os.path.join(model_path, "config.json")):
-            raise ValueError(f"{model_path} holds no config.json (make it with make_tiny_model.py)")
-        self.model_path = model_path
+    def __init__(self, command: Sequence[str], *, env: Dict[str, str], port: int,
+                 log_path: str, ready_timeout: float = 300.0):
+        self.command = list(command)
+        self.env = dict(env)
+        self.port = port
         self.log_path = log_path
-        self.port = port or free_port()
-        self.tp_size = tp_size
-        self.dp_encoder = dp_encoder
         self.ready_timeout = ready_timeout
-        self.command = server_command(
-            model_path, port=self.port, tp_size=tp_size, dp_encoder=dp_encoder,
-            python=python, max_total_tokens=max_total_tokens, extra_args=extra_args,
-        )
-        self.env = server_env(
-            tp_size=tp_size, simulate_rocm_gate=simulate_rocm_gate,
-            log_vit_calls=log_vit_calls, python_path=python_path, torch_logs=torch_logs,
-        )
         self.proc: Optional[subprocess.Popen] = None
         self.ready_seconds: Optional[float] = None
         self._seen_pids: set = set()
@@ -312,6 +291,43 @@ class CpuServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class CpuServer(ServerProcess):
+    """``sglang.launch_server`` on the CPU (tiny model, CPU engine, gloo)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        log_path: str,
+        tp_size: int = 1,
+        dp_encoder: bool = False,
+        port: Optional[int] = None,
+        python: str = sys.executable,
+        python_path: Sequence[str] = (),
+        simulate_rocm_gate: bool = False,
+        log_vit_calls: bool = False,
+        torch_logs: Optional[str] = "recompiles,dynamo",
+        max_total_tokens: int = 4096,
+        extra_args: Sequence[str] = (),
+        ready_timeout: float = 300.0,
+    ):
+        if not os.path.isfile(os.path.join(model_path, "config.json")):
+            raise ValueError(f"{model_path} holds no config.json (make it with make_tiny_model.py)")
+        self.model_path = model_path
+        self.tp_size = tp_size
+        self.dp_encoder = dp_encoder
+        port = port or free_port()
+        super().__init__(
+            server_command(model_path, port=port, tp_size=tp_size, dp_encoder=dp_encoder,
+                           python=python, max_total_tokens=max_total_tokens,
+                           extra_args=extra_args),
+            env=server_env(tp_size=tp_size, simulate_rocm_gate=simulate_rocm_gate,
+                           log_vit_calls=log_vit_calls, python_path=python_path,
+                           torch_logs=torch_logs),
+            port=port, log_path=log_path, ready_timeout=ready_timeout,
+        )
 
 
 def main(argv=None) -> int:
