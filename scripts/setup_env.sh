@@ -30,6 +30,7 @@ if [ ! -f "$STAMP" ]; then
   $PIP install -r requirements/torch.txt 2>&1 | quiet
   $PIP install --no-deps -r requirements/sglang.txt 2>&1 | quiet
   $PIP install -r requirements/cpu.txt 2>&1 | quiet
+  $PIP install -r requirements/server.txt 2>&1 | quiet
   for pkg in scripts/cpu_support/standin_pkgs/*/; do
     [ -f "$pkg/pyproject.toml" ] && $PIP install --no-deps --force-reinstall "$pkg" 2>&1 | quiet
   done
