@@ -175,6 +175,9 @@ class ServerProcess:
         self.ready_timeout = ready_timeout
         self.proc: Optional[subprocess.Popen] = None
         self.ready_seconds: Optional[float] = None
+        # Size of the log when /health first answered 200: everything the
+        # server logged before it reported ready lies in these bytes.
+        self.log_bytes_at_ready: Optional[int] = None
         self._seen_pids: set = set()
         self._log_file = None
 
@@ -231,6 +234,8 @@ class ServerProcess:
                     )
                 if self._health():
                     self.ready_seconds = time.monotonic() - t0
+                    self._log_file.flush()
+                    self.log_bytes_at_ready = os.path.getsize(self.log_path)
                     self._seen_pids.update(_descendants(self.proc.pid))
                     return self.ready_seconds
                 if time.monotonic() > deadline:
