@@ -12,6 +12,10 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One BLAS/OpenMP thread: several tests assert *bitwise* equality of
+# embeddings, and the CPU matmul library may split work differently with more
+# threads for some shapes. Spawned gloo ranks use one thread each as well.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from cpu_support.standins import prepare_cpu_process  # noqa: E402
 
