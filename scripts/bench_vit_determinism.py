@@ -1,0 +1,246 @@
+#!/usr/bin/env python
+"""Determinism of cross-request ViT batching on CPU: batched vs alone, and its cost.
+
+SGLang's real Qwen3-VL vision tower (random weights, sizes from the flags)
+and SGLang's real scheduler step (``mm_schedule._get_chunked_prefill_embedding``)
+encode a burst of single-image requests of mixed sizes. "alone" is each image
+through ``get_image_feature([item])`` on its own, assembled like the step.
+
+(a) Without deterministic inference, per image, batched vs alone: how many
+    images are bitwise equal, the max |diff|, and the mean and minimum
+    per-token cosine (float64), in fp32 and bf16. "per-sequence" is the SDPA
+    vision attention as this series builds it; "dense mask (0.5.23)" swaps in,
+    for this benchmark process only, the unpatched behaviour (all packed
+    sequences in one SDPA call under a block-diagonal mask). The product has no
+    such switch.
+(b) The cost of ``--enable-deterministic-inference`` (set with
+    ``get_exec().deterministic.override``): vision-step time on vs off, one
+    process and the DP encoder on 2 gloo ranks, and whether the step's output
+    is bitwise equal to the images encoded alone. Off and on steps alternate;
+    each starts from an empty embedding cache; median of ``--repeats`` after
+    one warm-up of each. Wall time is rank 0's between barriers; CPU time is
+    the process time of the busiest rank (one torch thread per process, so it
+    is the step's compute and does not grow with other load on the machine);
+    "CPU vs off" compares CPU times.
+
+Example (the docs/benchmarks.md tables):
+    .venv/bin/python scripts/bench_vit_determinism.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from cpu_support import vit_bench_util as U  # noqa: E402
+
+DEFAULT_BURST = "224x224:4,448x448:2,128x448:2,672x672:1"
+DTYPES = ("float32", "bfloat16")
+
+
+def _per_image_diff(batched, alone, tokens_per_image):
+    """Aggregate batched-vs-alone differences over the images' row blocks."""
+    import torch
+    import torch.nn.functional as F
+
+    assert batched.shape == alone.shape, (batched.shape, alone.shape)
+    equal, max_abs, cos_all = 0, 0.0, []
+    for b, a in zip(torch.split(batched, tokens_per_image), torch.split(alone, tokens_per_image)):
+        equal += bool(torch.equal(b, a))
+        max_abs = max(max_abs, float((b.double() - a.double()).abs().max()))
+        cos_all.append(F.cosine_similarity(b.double(), a.double(), dim=-1))
+    cos = torch.cat(cos_all)
+    return {
+        "images": len(tokens_per_image),
+        "bitwise_equal": equal,
+        "max_abs": max_abs,
+        "mean_cos": float(cos.mean()),
+        "min_cos": float(cos.min()),
+    }
+
+
+def _worker(rank, world_size, init_method, cfg):
+    import torch
+
+    from cpu_support import mm_harness as H
+    from cpu_support import tiny_qwen3_vl as T
+    from sglang.srt.runtime_context import get_exec
+
+    dp = world_size > 1
+    config = T.tiny_qwen3_vl_config(vision=cfg["vision"])
+    T.publish_cpu_context(
+        tp_size=world_size, rank=rank, dp_encoder=dp, model_path=T.write_config_dir(config)
+    )
+    T.init_gloo(rank, world_size, init_method)
+    requests = [H.make_request([g], seed=i, config=config) for i, g in enumerate(cfg["grids"])]
+    tokens = [(U.patches(g) // (U.MERGE * U.MERGE)) for g in cfg["grids"]]
+
+    def barrier():
+        if dp:
+            torch.distributed.barrier()
+
+    def step(model, deterministic):
+        with get_exec().deterministic.override(enable_deterministic_inference=deterministic):
+            H.fresh_embedding_cache()
+            with U.EncoderCallLog(model) as log, H.TowerCalls().attach(model.visual) as tower:
+                barrier()
+                t0, c0 = time.perf_counter(), time.process_time()
+                out = H.run_prefill_embedding(model, requests)
+                used = time.process_time() - c0
+                barrier()
+                elapsed = time.perf_counter() - t0
+        return out, (elapsed, used), len(log.calls), len(tower.calls)
+
+    diffs, costs = [], []
+    for dtype_name in cfg["dtypes"]:
+        model = T.build_tiny_qwen3_vl(config, dtype=getattr(torch, dtype_name), seed=0)
+        with torch.no_grad():
+            if not dp:  # (a): batched vs alone without deterministic inference
+                for attention in cfg["attention"]:
+                    with U.dense_masked_attention(attention == "dense"):
+                        batched, _, _, _ = step(model, False)
+                        alone = H.reference_rows(model, requests)
+                    diffs.append(dict(dtype=dtype_name, attention=attention,
+                                      **_per_image_diff(batched, alone, tokens)))
+            # (b): deterministic inference off vs on, installed attention
+            alone = H.reference_rows(model, requests)
+            times = {False: [], True: []}
+            cpu = {False: [], True: []}
+            info = {}
+            for k in range(cfg["repeats"] + 1):  # k == 0 warms both modes up
+                for mode in (False, True):
+                    out, elapsed, calls, tower_calls = step(model, mode)
+                    if k:
+                        times[mode].append(elapsed[0])
+                        cpu[mode].append(elapsed[1])
+                    info[mode] = dict(calls=calls, tower_calls=tower_calls,
+                                      bitwise=bool(torch.equal(out, alone)))
+            for mode in (False, True):
+                costs.append(dict(dtype=dtype_name, deterministic=mode, times=times[mode],
+                                  cpu=cpu[mode], **info[mode]))
+        del model
+    return {"diffs": diffs, "costs": costs}
+
+
+def _burst_arg(text: str):
+    try:
+        return U.parse_burst(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _fmt_cos(c: float) -> str:
+    """Cosines near 1 as ``1 − x``; below 1e-12 (fp64 rounding of equal rows) as 1."""
+    return "1" if 1.0 - c < 1e-12 else f"1 − {1.0 - c:.1e}"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--burst", type=_burst_arg, default=_burst_arg(DEFAULT_BURST),
+                   help=f"single-image requests, WxH:count,... in pixels (default {DEFAULT_BURST})")
+    p.add_argument("--settings", default="1proc,dp2", help="1proc and/or dp2 (comma list); (a) runs in 1proc")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="comma list of float32, bfloat16")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per mode (>= 1)")
+    p.add_argument("--depth", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    args = p.parse_args(argv)
+    settings = {"1proc": ("1 process", 1), "dp2": ("DP encoder, 2 gloo ranks", 2)}
+    chosen = [s.strip() for s in args.settings.split(",") if s.strip()]
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    for s in chosen:
+        if s not in settings:
+            p.error(f"unknown setting {s!r}: choose from {', '.join(settings)}")
+    for d in dtypes:
+        if d not in DTYPES:
+            p.error(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")
+    if not chosen or not dtypes:
+        p.error("need at least one setting and one dtype")
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    if args.threads < 1:
+        p.error("--threads must be at least 1")
+    if args.hidden % args.heads:
+        p.error("--hidden must be a multiple of --heads")
+    if args.depth < 2:
+        p.error("--depth must be at least 2 (the deepstack merger sits at depth // 2)")
+
+    grids = U.burst_grids(args.burst)
+    cfg = dict(
+        vision=dict(
+            depth=args.depth,
+            hidden_size=args.hidden,
+            intermediate_size=4 * args.hidden,
+            num_heads=args.heads,
+            out_hidden_size=args.hidden,
+            num_position_embeddings=2304,
+            deepstack_visual_indexes=[args.depth // 2],
+        ),
+        grids=grids,
+        dtypes=dtypes,
+        attention=["per-sequence", "dense"],
+        repeats=args.repeats,
+    )
+    from cpu_support.ranks import run_on_ranks
+
+    diffs, costs = [], []
+    for key in chosen:
+        label, world = settings[key]
+        t0 = time.perf_counter()
+        per_rank = run_on_ranks(_worker, world, cfg, timeout=3600, threads_per_rank=args.threads)
+        diffs.extend(per_rank[0]["diffs"])
+        for i, row in enumerate(per_rank[0]["costs"]):
+            others = [r["costs"][i] for r in per_rank]
+            costs.append(dict(
+                row,
+                setting=label,
+                tower_calls=" / ".join(str(o["tower_calls"]) for o in others),
+                bitwise=all(o["bitwise"] for o in others),
+                median_ms=1000 * statistics.median(row["times"]),
+                cpu_ms=1000 * max(statistics.median(o["cpu"]) for o in others),
+            ))
+        print(f"# {label}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
+    total = sum(U.patches(g) for g in grids)
+    kinds = ", ".join(f"{n}× {w}×{h}" for w, h, n in args.burst)
+    print(
+        f"Qwen3-VL vision tower (SGLang's code, random weights): depth {args.depth}, hidden "
+        f"{args.hidden}, {args.heads} heads. Burst: {len(grids)} single-image requests ({kinds}) "
+        f"= {total} patches, through the real scheduler step. {args.threads} thread(s) per "
+        f"process.\n"
+    )
+    if diffs:
+        print("(a) Batched vs alone, deterministic inference off, 1 process:\n")
+        print(U.markdown_table(
+            ["attention", "dtype", "images bitwise equal", "max abs diff", "mean token cosine", "min token cosine"],
+            [[("per-sequence (series)" if d["attention"] == "per-sequence" else "dense mask (0.5.23)"),
+              d["dtype"], f"{d['bitwise_equal']} / {d['images']}", f"{d['max_abs']:.3g}",
+              _fmt_cos(d["mean_cos"]), _fmt_cos(d["min_cos"])] for d in diffs],
+            align="llrrrr",
+        ))
+        print()
+    print(f"(b) Deterministic inference off vs on (per-sequence SDPA), step median of {args.repeats}:\n")
+    base = {(c["setting"], c["dtype"]): c["cpu_ms"] for c in costs if not c["deterministic"]}
+    print(U.markdown_table(
+        ["setting", "dtype", "deterministic", "encoder calls", "tower calls per rank",
+         "step wall median (ms)", "step CPU median (ms)", "CPU vs off", "bitwise equal to alone"],
+        [[c["setting"], c["dtype"], "on" if c["deterministic"] else "off", c["calls"], c["tower_calls"],
+          f"{c['median_ms']:.0f}", f"{c['cpu_ms']:.0f}", f"{c['cpu_ms'] / base[(c['setting'], c['dtype'])]:.2f}×",
+          "yes" if c["bitwise"] else "no"] for c in costs],
+        align="lllrrrrrl",
+    ))
+    print(f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'scripts/bench_vit_determinism.py'] + (sys.argv[1:] if argv is None else list(argv)))}")
+    print(f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
+    return diffs, costs
+
+
+if __name__ == "__main__":
+    main()

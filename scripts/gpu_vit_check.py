@@ -1,0 +1,542 @@
+#!/usr/bin/env python
+"""One prepared GPU check of cross-request ViT batching with a Qwen3-VL-8B-sized tower.
+
+SGLang's real ``Qwen3VLForConditionalGeneration`` with the vision sizes of
+Qwen/Qwen3-VL-8B-Instruct (random weights, nothing downloaded; the text part
+is tiny, only the tower matters) encodes a burst of single-image requests of
+mixed sizes through SGLang's real prefill-step function
+(``mm_schedule._get_chunked_prefill_embedding``), on one device:
+
+1. per-request vs batched vision step: the same step with the platform gate
+   (``mm_schedule._batch_vit_across_requests``) pinned off (one encoder call
+   per request, upstream's per-request path) or on (one cross-request call);
+   first call (unseen shapes) vs warmed calls (median of --repeats);
+2. peak memory of the batched step vs ``--mm-max-encoder-patches-per-call``
+   (set with ``get_mm().override``): on CUDA torch.cuda.max_memory_allocated
+   over the step minus what was allocated before it; on CPU the process's
+   peak RSS growth (VmHWM after /proc/self/clear_refs, glibc's mmap threshold
+   pinned so freed activations leave the RSS);
+3. batched vs each image alone (``get_image_feature([item])``) in the model
+   dtype (bf16 by default): max |diff|, mean and minimum per-token cosine,
+   bitwise equality, with ``--enable-deterministic-inference`` off and on
+   (set with ``get_exec().deterministic.override``), and the step time of each.
+
+The gate is pinned inside this process only (SGLang batches on CUDA anyway;
+on ROCm at TP1 it would not, so "batched" is what the series does with the DP
+encoder). Exit status 1 if deterministic inference is not bitwise equal to
+alone: that is the series' promise.
+
+GPU (one device; ROCm builds of torch also answer to "cuda"):
+    python scripts/gpu_vit_check.py --device cuda --out /tmp/gpu_vit_check
+CPU, the same code path with tiny sizes in seconds (what the tests run):
+    .venv/bin/python scripts/gpu_vit_check.py --tiny --out /tmp/gpu_vit_check_tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import shlex
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from cpu_support import vit_bench_util as U  # noqa: E402  (stdlib only at import)
+
+# Vision config of Qwen/Qwen3-VL-8B-Instruct (config.json, "vision_config").
+QWEN3_VL_8B_VISION = dict(
+    depth=27,
+    hidden_size=1152,
+    intermediate_size=4304,
+    num_heads=16,
+    in_channels=3,
+    patch_size=16,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    out_hidden_size=4096,
+    num_position_embeddings=2304,
+    deepstack_visual_indexes=[8, 16, 24],
+    hidden_act="gelu_pytorch_tanh",
+)
+# Head dim 48: no tiny image's patch count equals it, so torch.compile's duck
+# sizing (SGLang compiles the native rotary helper) does not specialise on a
+# coincidence and recompile mid-run.
+TINY_VISION = dict(
+    QWEN3_VL_8B_VISION,
+    depth=3,
+    hidden_size=96,
+    intermediate_size=192,
+    num_heads=2,
+    out_hidden_size=64,
+    num_position_embeddings=256,
+    deepstack_visual_indexes=[1],
+)
+# The text side only has to build; one small layer. out_hidden_size of the
+# tower must equal the text hidden size.
+TEXT = dict(
+    vocab_size=152064,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    rope_theta=5000000.0,
+    rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+    tie_word_embeddings=False,
+    hidden_act="silu",
+)
+BURST = "224x224:6,448x448:4,128x448:4,672x672:2"  # 16 requests, 8736 patches
+TINY_BURST = "64x64:6,128x128:4,64x128:4,192x192:2"  # 16 requests, 896 patches
+CAPS = "1024,2048,4096,none"
+TINY_CAPS = "1,64,256,none"
+TEXT_BEFORE, TEXT_AFTER = 5, 2  # text tokens around each request's image
+
+
+# ---------------------------------------------------------------------------
+# Process set-up: CPU stand-ins only on the CPU path
+# ---------------------------------------------------------------------------
+
+
+def _prepare_process(device: str) -> None:
+    if device != "cpu":
+        return  # a CUDA/ROCm install has SGLang's kernels; no stand-ins
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
+        # Peak RSS must see freed activations leave: re-exec with glibc's
+        # mmap threshold pinned (it cannot change after start-up).
+        U.pin_malloc_env()
+        os.execv(sys.executable, [sys.executable] + sys.argv)
+    from cpu_support.standins import prepare_cpu_process
+
+    prepare_cpu_process()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):
+    """SGLang's runtime context, one-rank groups and the model, on ``device``."""
+    import torch
+
+    from sglang.srt.configs.qwen3_vl import Qwen3VLConfig
+    from sglang.srt.distributed.parallel_state import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
+    from sglang.srt.runtime_context import SpawnRanks, publish
+    from sglang.srt.server_args import ServerArgs
+
+    text = dict(TEXT, hidden_size=vision["out_hidden_size"])
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    for key, value in config.text_config.to_dict().items():  # as SGLang's loader does
+        if key not in ("model_type", "architectures", "transformers_version"):
+            setattr(config, key, value)
+    config.architectures = ["Qwen3VLForConditionalGeneration"]
+    model_dir = tempfile.mkdtemp(prefix="gpu-vit-check-")
+    config.save_pretrained(model_dir)
+
+    args = ServerArgs(
+        model_path=model_dir,
+        device=device,
+        tp_size=1,
+        mm_attention_backend=attention_backend,
+        disable_custom_all_reduce=True,
+    )
+    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0))
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    init_distributed_environment(
+        world_size=1,
+        rank=0,
+        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
+        local_rank=0,
+        backend="nccl" if device == "cuda" else "gloo",
+    )
+    initialize_model_parallel(backend="nccl" if device == "cuda" else "gloo")
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen3VLForConditionalGeneration(config)
+    finally:
+        torch.set_default_dtype(previous)
+    # SGLang allocates parameters with torch.empty: fill them, seeded, on the
+    # device (norm weights ~1, biases small, the rest ~N(0, 1/fan_in)).
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            noise = torch.randn(param.shape, generator=gen, device=device, dtype=torch.float32)
+            if "norm" in name and name.endswith("weight"):
+                noise = 1.0 + 0.05 * noise
+            elif name.endswith("bias"):
+                noise = 0.02 * noise
+            else:
+                fan_in = param.shape[-1] if param.dim() > 1 else param.shape[0]
+                noise = noise / math.sqrt(max(fan_in, 1))
+            param.copy_(noise.to(param.dtype))
+    return model.to(device).eval(), config
+
+
+# ---------------------------------------------------------------------------
+# Requests and the real scheduler step
+# ---------------------------------------------------------------------------
+
+
+def make_requests(grids, config, seed: int = 0):
+    """One single-image request per grid; pixels on the host, as the scheduler gets them."""
+    import torch
+
+    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
+
+    v = config.vision_config
+    row = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size
+    merge = v.spatial_merge_size ** 2
+    requests = []
+    for i, grid in enumerate(grids):
+        gen = torch.Generator().manual_seed(seed * 100003 + i)
+        item = MultimodalDataItem(
+            modality=Modality.IMAGE, feature=torch.randn((U.patches(grid), row), generator=gen)
+        )
+        item.image_grid_thw = torch.tensor([list(grid)], dtype=torch.long)
+        tokens = U.patches(grid) // merge
+        item.offsets = [(TEXT_BEFORE, TEXT_BEFORE + tokens - 1)]
+        item.hash = (seed * 100003 + i) * 7919 + 17
+        requests.append({"item": item, "tokens": tokens, "length": TEXT_BEFORE + tokens + TEXT_AFTER})
+    return requests
+
+
+def prefill_step(model, requests, device):
+    """The multimodal embedding rows of one prefill step, by SGLang's function."""
+    import torch
+
+    from sglang.srt.managers import mm_schedule
+
+    items = [r["item"] for r in requests]
+    sizes = list(range(len(requests) + 1))
+    input_ids = torch.zeros(sum(r["length"] for r in requests), dtype=torch.long, device=device)
+    embedding, _ = mm_schedule._get_chunked_prefill_embedding(
+        model.get_image_feature,
+        items,
+        sizes,
+        [0] * len(requests),
+        [r["length"] for r in requests],
+        [list(it.offsets) for it in items],
+        input_ids,
+    )
+    return embedding
+
+
+def alone_rows(model, requests):
+    """Each image through the encoder on its own, in request order."""
+    import torch
+
+    rows = []
+    for r in requests:
+        emb = model.get_image_feature([r["item"]])
+        rows.append(emb.reshape(-1, emb.shape[-1]))
+    return torch.cat(rows)
+
+
+@contextlib.contextmanager
+def pinned_gate(batched: bool):
+    """Pin SGLang's cross-request ViT batching gate, in this process only."""
+    from sglang.srt.managers import mm_schedule
+
+    saved = mm_schedule._batch_vit_across_requests
+    mm_schedule._batch_vit_across_requests = lambda: batched
+    try:
+        yield
+    finally:
+        mm_schedule._batch_vit_across_requests = saved
+
+
+class Device:
+    def __init__(self, name: str):
+        import torch
+
+        self.name = name
+        self.torch = torch
+
+    def sync(self):
+        if self.name == "cuda":
+            self.torch.cuda.synchronize()
+
+    def describe(self) -> str:
+        if self.name == "cuda":
+            t = self.torch
+            hip = getattr(t.version, "hip", None)
+            return f"{t.cuda.get_device_name(0)} (torch {t.__version__}, {'ROCm ' + hip if hip else 'CUDA ' + str(t.version.cuda)})"
+        return f"CPU ({os.cpu_count()} cores, torch {self.torch.__version__}, {self.torch.get_num_threads()} thread(s))"
+
+    @contextlib.contextmanager
+    def peak(self):
+        """``with dev.peak() as m:`` then ``m["mib"]``: the block's peak memory growth."""
+        out = {}
+        if self.name == "cuda":
+            t = self.torch
+            self.sync()
+            start = t.cuda.memory_allocated()
+            t.cuda.reset_peak_memory_stats()
+            yield out
+            self.sync()
+            out["mib"] = (t.cuda.max_memory_allocated() - start) / 2**20
+        else:
+            with U.PeakRss() as m:
+                yield out
+            out["mib"] = m.mib
+
+
+def timed_step(model, requests, dev, *, cap=None, deterministic=False, batched=True):
+    """One step from an empty embedding cache: (output, seconds, encoder calls)."""
+    from sglang.srt.managers import mm_schedule
+    from sglang.srt.runtime_context import get_exec, get_mm
+
+    with pinned_gate(batched), get_mm().override(mm_max_encoder_patches_per_call=cap), \
+            get_exec().deterministic.override(enable_deterministic_inference=deterministic), \
+            U.EncoderCallLog(model) as log:
+        mm_schedule.init_mm_embedding_cache(4 << 30)
+        dev.sync()
+        t0 = time.perf_counter()
+        out = prefill_step(model, requests, dev.name)
+        dev.sync()
+        seconds = time.perf_counter() - t0
+    return out, seconds, log.calls
+
+
+def compare(batched, alone, tokens):
+    import torch
+    import torch.nn.functional as F
+
+    equal, max_abs, cos = 0, 0.0, []
+    for b, a in zip(torch.split(batched, tokens), torch.split(alone, tokens)):
+        equal += bool(torch.equal(b, a))
+        max_abs = max(max_abs, float((b.double() - a.double()).abs().max()))
+        cos.append(F.cosine_similarity(b.double(), a.double(), dim=-1))
+    cos = torch.cat(cos)
+    return dict(images=len(tokens), bitwise_equal_images=equal, max_abs_diff=max_abs,
+                mean_token_cosine=float(cos.mean()), min_token_cosine=float(cos.min()),
+                bitwise=equal == len(tokens))
+
+
+# ---------------------------------------------------------------------------
+# The check
+# ---------------------------------------------------------------------------
+
+
+def run(args):
+    import torch
+
+    dev = Device(args.device)
+    dtype = getattr(torch, args.dtype)
+    vision = TINY_VISION if args.tiny else QWEN3_VL_8B_VISION
+    t_start = time.perf_counter()
+    model, config = build(args.device, vision, dtype, args.mm_attention_backend)
+    build_s = time.perf_counter() - t_start
+    grids = U.burst_grids(args.burst)
+    requests = make_requests(grids, config)
+    tokens = [r["tokens"] for r in requests]
+    backend = _attention_backend(model)
+
+    report = dict(
+        device=dev.describe(),
+        tiny=args.tiny,
+        dtype=args.dtype,
+        vision=vision,
+        attention_backend=backend,
+        requests=len(grids),
+        grids=[list(g) for g in grids],
+        patches=sum(U.patches(g) for g in grids),
+        build_s=build_s,
+    )
+    with torch.no_grad():
+        # Process-level warm-up on an unrelated shape (context, library handles).
+        warm = make_requests([(1, 2 * config.vision_config.spatial_merge_size, 2 * config.vision_config.spatial_merge_size)], config, seed=99)
+        timed_step(model, warm, dev)
+
+        # 1. per-request vs batched, first (unseen shapes) vs warmed
+        modes = []
+        for batched in (False, True):
+            _, first, calls = timed_step(model, requests, dev, batched=batched)
+            warmed = [timed_step(model, requests, dev, batched=batched)[1] for _ in range(args.repeats)]
+            modes.append(dict(path="batched" if batched else "per-request", first_ms=1000 * first,
+                              warm_ms=[1000 * s for s in warmed], warm_median_ms=1000 * statistics.median(warmed),
+                              **U.summarize_calls(calls)))
+        report["steps"] = modes
+
+        # 2. peak memory and time vs cap (batched step)
+        caps = []
+        for cap in args.caps:
+            timed_step(model, requests, dev, cap=cap)  # warm these call shapes
+            with dev.peak() as mem:
+                _, seconds, calls = timed_step(model, requests, dev, cap=cap)
+            more = [timed_step(model, requests, dev, cap=cap)[1] for _ in range(args.repeats - 1)]
+            caps.append(dict(cap=cap, peak_mib=mem["mib"], step_ms=1000 * statistics.median([seconds] + more),
+                             **U.summarize_calls(calls)))
+        report["caps"] = caps
+
+        # 3. batched vs alone, deterministic inference off and on
+        alone = alone_rows(model, requests)
+        diffs = []
+        for deterministic in (False, True):
+            out, _, calls = timed_step(model, requests, dev, deterministic=deterministic)
+            times = [timed_step(model, requests, dev, deterministic=deterministic)[1] for _ in range(args.repeats)]
+            diffs.append(dict(dtype=args.dtype, deterministic=deterministic, step_ms=1000 * statistics.median(times),
+                              calls=len(calls), **compare(out, alone, tokens)))
+        report["diffs"] = diffs
+    report["total_s"] = time.perf_counter() - t_start
+    return report
+
+
+def _attention_backend(model) -> str:
+    """The vision attention SGLang chose, e.g. ``sdpa (VisionSdpaAttention)``."""
+    attn = model.visual.blocks[0].attn
+    impl = getattr(attn, "qkv_backend", None)
+    return f"{getattr(attn, 'qkv_backend_name', '?')} ({type(impl).__name__})"
+
+
+def _fmt_cos(c: float) -> str:
+    """Cosines near 1 as ``1 − x``; below 1e-12 (fp64 rounding of equal rows) as 1."""
+    return "1" if 1.0 - c < 1e-12 else f"1 − {1.0 - c:.1e}"
+
+
+def to_markdown(r) -> str:
+    v = r["vision"]
+    lines = [
+        f"Device: {r['device']}. Qwen3-VL vision tower{' (TINY sizes)' if r['tiny'] else ' (Qwen3-VL-8B sizes)'}: "
+        f"depth {v['depth']}, hidden {v['hidden_size']}, MLP {v['intermediate_size']}, {v['num_heads']} heads, "
+        f"out {v['out_hidden_size']}; random weights, {r['dtype']}, vision attention {r['attention_backend']}. "
+        f"{r['requests']} single-image requests, {r['patches']} patches, through SGLang's prefill-step function. "
+        f"Build {r['build_s']:.1f} s, whole check {r['total_s']:.1f} s.",
+        "",
+        "Vision step, per-request vs batched:",
+        "",
+        U.markdown_table(
+            ["path", "encoder calls", "images per call mean / max", "first call (ms)", "warmed median (ms)"],
+            [[s["path"], s["calls"], f"{s['images_mean']:.1f} / {s['images_max']}",
+              f"{s['first_ms']:.1f}", f"{s['warm_median_ms']:.1f}"] for s in r["steps"]],
+        ),
+        "",
+        "Batched step vs --mm-max-encoder-patches-per-call:",
+        "",
+        U.markdown_table(
+            ["cap", "encoder calls", "images per call mean / max", "max patches per call", "step median (ms)", "peak step memory (MiB)"],
+            [["none" if c["cap"] is None else c["cap"], c["calls"], f"{c['images_mean']:.1f} / {c['images_max']}",
+              c["patches_max"], f"{c['step_ms']:.1f}", f"{c['peak_mib']:.1f}"] for c in r["caps"]],
+        ),
+        "",
+        "Batched vs each image alone:",
+        "",
+        U.markdown_table(
+            ["dtype", "deterministic inference", "encoder calls", "step median (ms)", "images bitwise equal",
+             "max abs diff", "mean token cosine", "min token cosine"],
+            [[d["dtype"], "on" if d["deterministic"] else "off", d["calls"], f"{d['step_ms']:.1f}",
+              f"{d['bitwise_equal_images']} / {d['images']}", f"{d['max_abs_diff']:.3g}",
+              _fmt_cos(d["mean_token_cosine"]), _fmt_cos(d["min_token_cosine"])] for d in r["diffs"]],
+            align="llrrrrrr",
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def _caps_arg(text: str):
+    caps = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part == "none":
+            caps.append(None)
+            continue
+        try:
+            value = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad cap {part!r}: want a positive integer or 'none'") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"bad cap {value}: must be positive")
+        caps.append(value)
+    return caps
+
+
+def _burst_arg(text: str):
+    try:
+        return U.parse_burst(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None,
+                   help="cuda (also ROCm builds) or cpu; --tiny defaults to cpu, otherwise cuda")
+    p.add_argument("--tiny", action="store_true", help="tiny tower and burst: the same path in seconds")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--burst", type=_burst_arg, default=None,
+                   help=f"WxH:count,... single-image requests (default {BURST}; --tiny {TINY_BURST})")
+    p.add_argument("--caps", type=_caps_arg, default=None,
+                   help=f"patch caps per call to measure, 'none' = uncapped (default {CAPS}; --tiny {TINY_CAPS})")
+    p.add_argument("--repeats", type=int, default=3, help="warmed steps per measurement (>= 1)")
+    p.add_argument("--mm-attention-backend", default=None,
+                   help="vision attention backend (default: sdpa on cpu, SGLang's choice on cuda)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU path")
+    p.add_argument("--out", default=None, help="directory for gpu_vit_check.json and gpu_vit_check.md")
+    args = p.parse_args(argv)
+    if args.device is None:
+        args.device = "cpu" if args.tiny else "cuda"
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    if args.threads < 1:
+        p.error("--threads must be at least 1")
+    if args.burst is None:
+        args.burst = U.parse_burst(TINY_BURST if args.tiny else BURST)
+    if args.caps is None:
+        args.caps = _caps_arg(TINY_CAPS if args.tiny else CAPS)
+    if args.device == "cpu" and args.mm_attention_backend is None:
+        args.mm_attention_backend = "sdpa"
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    _prepare_process(args.device)
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but torch sees no GPU (use --tiny for the CPU path)", file=sys.stderr)
+        return 2
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    report = run(args)
+    report["command"] = shlex.join(["python", "scripts/gpu_vit_check.py"] + (sys.argv[1:] if argv is None else list(argv)))
+    report["date"] = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}"
+    text = to_markdown(report) + f"\n\nCommand: {report['command']}\nDate: {report['date']}\n"
+    det = [d for d in report["diffs"] if d["deterministic"]]
+    ok = all(d["bitwise"] for d in det)
+    report["deterministic_bitwise_ok"] = ok
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gpu_vit_check.json"), "w") as f:
+            json.dump(report, f, indent=1)
+        with open(os.path.join(args.out, "gpu_vit_check.md"), "w") as f:
+            f.write(text)
+    print(text)
+    if not ok:
+        print("FAIL: with deterministic inference the batched step is not bitwise equal to alone", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
