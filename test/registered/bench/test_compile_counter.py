@@ -75,3 +75,16 @@ def test_log_cursor_reads_only_complete_new_lines(tmp_path):
         f.write("ial\nc\n")
     assert cur.read_new() == ["partial\n", "c\n"]
     assert cur.read_new() == [] and cur.lines_read == 4
+
+
+def test_pristine_server_log_compile_after_ready_on_rank0():
+    lines = _lines("server_tp2_pristine_rocm_sim.log")
+    ready = B.ready_line_index(lines)
+    assert ready == 340  # line 341
+    after = B.parse_compile_events(lines[ready + 1:], ready + 1)
+    # l.357 "Recompiling function apply_rotary_pos_emb_native" + l.360 start tracing [0/1].
+    assert [(e.rank, e.function, e.compile_id, e.line_no + 1) for e in after] == [
+        ("rank0", "apply_rotary_pos_emb_native", "0/1", 357)]
+    # Per-request on "ROCm": 16 single-image calls after ready, all on rank 0.
+    assert B.vit_calls(lines[ready + 1:]) == 16
+    assert B.vit_images_per_rank(lines[ready + 1:]) == [16, 0]
