@@ -23,7 +23,12 @@ inputs_hash() {
 }
 STAMP=$VENV/.fork-setup-$(inputs_hash)
 
-quiet() { grep -v -e "^WARNING: Location" -e "^$" || true; }
+# pip's noise: the local-index warnings, and the list of sglang's GPU-only
+# dependencies that --no-deps deliberately leaves out.
+quiet() {
+  grep -v -e "^WARNING: Location" -e "^$" -e "^sglang 0\.5\.2[23] requires " \
+    -e "^ERROR: pip's dependency resolver does not currently take into account" || true
+}
 
 if [ ! -f "$STAMP" ]; then
   echo "setup: installing torch (from local disk), sglang --no-deps and CPU requirements"
