@@ -300,7 +300,13 @@ def describe_builds(args) -> List[dict]:
     for side in ("a", "b"):
         py, target = getattr(args, f"{side}_python"), getattr(args, f"{side}_target")
         path = [target] if target else ()
-        where = target or B.sglang_dir(py)
+        where = B.sglang_dir(py, path)
+        if where is None:
+            raise ABError(f"build {side.upper()}: {py} cannot import sglang")
+        if target and os.path.realpath(where) != os.path.realpath(target):
+            raise ABError(
+                f"build {side.upper()}: {py} imports sglang from {where}, not from "
+                f"--{side}-target {target} (an editable install can shadow PYTHONPATH)")
         builds.append({"label": getattr(args, f"{side}_label"), "python": py, "target": target,
                        "version": B.sglang_version(py, path), "series_hash": B.series_hash(where)})
     return builds
@@ -308,7 +314,11 @@ def describe_builds(args) -> List[dict]:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    builds = describe_builds(args)
+    try:
+        builds = describe_builds(args)
+    except ABError as e:
+        print(f"ab_image_burst: {e}", file=sys.stderr)
+        return 2
     command = shlex.join(["scripts/ab_image_burst.py",
                           *(argv if argv is not None else sys.argv[1:])])
     try:

@@ -84,10 +84,10 @@ def main(argv=None) -> int:
         f"(+{args.seed_step} per burst: new images, so the encoder runs in every burst)",
         flush=True,
     )
-    builds = AB.describe_builds(ab_args)
     try:
+        builds = AB.describe_builds(ab_args)
         ab = AB.run_ab(ab_args, builds, echo=lambda m: print(m, flush=True))
-    except (AB.ServerFailed, AB.B.BenchError) as e:
+    except (AB.ServerFailed, AB.B.BenchError, AB.ABError) as e:
         print(f"demo: {e}", file=sys.stderr)
         return 1
     text = AB.report(ab, builds, shlex.join(["scripts/demo.py", *(argv or sys.argv[1:])]))
