@@ -136,9 +136,11 @@ def _burst_arg(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _fmt_cos(c: float) -> str:
-    """Cosines near 1 as ``1 − x``; below 1e-12 (fp64 rounding of equal rows) as 1."""
-    return "1" if 1.0 - c < 1e-12 else f"1 − {1.0 - c:.1e}"
+def _fmt_cos(c: float, bitwise: bool) -> str:
+    """A cosine as ``1 − x``; "1 (bitwise)" when every row compared was equal."""
+    if bitwise:
+        return "1 (bitwise)"
+    return f"1 − {1.0 - c:.1e}" if 1.0 - c >= 1e-15 else "1 − <1e-15"
 
 
 def main(argv=None):
@@ -223,7 +225,8 @@ def main(argv=None):
             ["attention", "dtype", "images bitwise equal", "max abs diff", "mean token cosine", "min token cosine"],
             [[("per-sequence (series)" if d["attention"] == "per-sequence" else "dense mask (0.5.23)"),
               d["dtype"], f"{d['bitwise_equal']} / {d['images']}", f"{d['max_abs']:.3g}",
-              _fmt_cos(d["mean_cos"]), _fmt_cos(d["min_cos"])] for d in diffs],
+              _fmt_cos(d["mean_cos"], d["bitwise_equal"] == d["images"]),
+              _fmt_cos(d["min_cos"], d["bitwise_equal"] == d["images"])] for d in diffs],
             align="llrrrr",
         ))
         print()

@@ -409,9 +409,11 @@ def _attention_backend(model) -> str:
     return f"{getattr(attn, 'qkv_backend_name', '?')} ({type(impl).__name__})"
 
 
-def _fmt_cos(c: float) -> str:
-    """Cosines near 1 as ``1 − x``; below 1e-12 (fp64 rounding of equal rows) as 1."""
-    return "1" if 1.0 - c < 1e-12 else f"1 − {1.0 - c:.1e}"
+def _fmt_cos(c: float, bitwise: bool) -> str:
+    """A cosine as ``1 − x``; "1 (bitwise)" when every row compared was equal."""
+    if bitwise:
+        return "1 (bitwise)"
+    return f"1 − {1.0 - c:.1e}" if 1.0 - c >= 1e-15 else "1 − <1e-15"
 
 
 def to_markdown(r) -> str:
@@ -446,7 +448,7 @@ def to_markdown(r) -> str:
              "max abs diff", "mean token cosine", "min token cosine"],
             [[d["dtype"], "on" if d["deterministic"] else "off", d["calls"], f"{d['step_ms']:.1f}",
               f"{d['bitwise_equal_images']} / {d['images']}", f"{d['max_abs_diff']:.3g}",
-              _fmt_cos(d["mean_token_cosine"]), _fmt_cos(d["min_token_cosine"])] for d in r["diffs"]],
+              _fmt_cos(d["mean_token_cosine"], d["bitwise"]), _fmt_cos(d["min_token_cosine"], d["bitwise"])] for d in r["diffs"]],
             align="llrrrrrr",
         ),
     ]
