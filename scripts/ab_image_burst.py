@@ -91,6 +91,7 @@ def aggregate(runs: List[dict], labels: Sequence[str]) -> List[dict]:
                 "p99_ttft_ms": spread([s["p99_ttft_ms"] for s in stats]),
                 "output_tok_s": spread([s["output_tok_s"] for s in stats]),
                 "images_per_rank": images,
+                "encoder": [s.get("encoder") for s in stats],
                 "compiles_per_rank": compiles,
                 "compiles_total": spread([sum(c.values()) if c is not None else None
                                           for c in compiles]),
@@ -106,14 +107,16 @@ def _fmt_per_run(values: List, fmt) -> str:
 def table(rows: List[dict], ready: Dict[str, dict]) -> str:
     out = [
         "| Build | Burst | Mean TTFT (ms) | P99 TTFT (ms) | Output tok/s | Images per rank "
-        "| Compiles after ready | Completed / failed |",
-        "|---|---|---|---|---|---|---|---|",
+        "| Encoder calls | Images per call (mean / max) | Compiles after ready | Completed / failed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         out.append(
             f"| {r['build']} | {r['burst']} | {fmt_spread(r['mean_ttft_ms'])} | "
             f"{fmt_spread(r['p99_ttft_ms'])} | {fmt_spread(r['output_tok_s'])} | "
             f"{_fmt_per_run(r['images_per_rank'], B.fmt_images)} | "
+            f"{_fmt_per_run(r['encoder'], lambda e: B.fmt_encoder(e)[0])} | "
+            f"{_fmt_per_run(r['encoder'], lambda e: B.fmt_encoder(e)[1])} | "
             f"{_fmt_per_run(r['compiles_per_rank'], B.fmt_compiles)} | "
             f"{r['completed']} / {r['failed']} |"
         )
@@ -133,6 +136,9 @@ def launch(build: dict, args, log_path: str) -> ServerProcess:
             python_path=[build["target"]] if build["target"] else (),
             simulate_rocm_gate=args.simulate_rocm_gate, log_vit_calls=True,
             ready_timeout=args.ready_timeout,
+            # /metrics feeds the "encoder calls" and "images per call" columns
+            # (series builds; a pristine build shows n/a).
+            extra_args=["--enable-metrics"],
         )
     port = free_port()
     cmd = [build["python"], "-m", "sglang.launch_server", "--model-path", args.model_path,

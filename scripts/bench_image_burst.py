@@ -42,6 +42,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -197,6 +199,83 @@ def vit_images_per_rank(lines: Sequence[str]) -> Optional[List[int]]:
 
 def vit_calls(lines: Sequence[str]) -> int:
     return sum(1 for line in lines if VIT_CALL_TAG in line)
+
+
+ENCODER_CALLS = "sglang:mm_encoder_calls_total"
+ENCODER_IMAGES = "sglang:mm_encoder_call_images"
+ENCODER_RANK_IMAGES = "sglang:mm_encoder_rank_images_total"
+
+
+def scrape_encoder_metrics(base_url: str, timeout: float = 10.0) -> Optional[dict]:
+    """The fork's encoder-call series from ``GET /metrics``, summed over labels.
+
+    ``None`` when the server exports none (metrics off, or a build without the
+    series' metrics patch, e.g. pristine SGLang): the table then says n/a.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout) as r:
+            text = r.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError):
+        return None
+    return parse_encoder_metrics(text)
+
+
+def parse_encoder_metrics(text: str) -> Optional[dict]:
+    """The encoder-call series of one Prometheus text exposition (see above)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {"calls": 0.0, "calls_by_path": {}, "images_sum": 0.0, "images_count": 0.0,
+           "images_buckets": {}, "rank_images": {}}
+    found = False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == ENCODER_CALLS:
+                found = True
+                out["calls"] += sample.value
+                path = sample.labels.get("path", "")
+                out["calls_by_path"][path] = out["calls_by_path"].get(path, 0.0) + sample.value
+            elif sample.name == ENCODER_IMAGES + "_sum":
+                out["images_sum"] += sample.value
+            elif sample.name == ENCODER_IMAGES + "_count":
+                out["images_count"] += sample.value
+            elif sample.name == ENCODER_RANK_IMAGES:
+                rank = sample.labels.get("rank", "")
+                out["rank_images"][rank] = out["rank_images"].get(rank, 0.0) + sample.value
+            elif sample.name == ENCODER_IMAGES + "_bucket":
+                le = float(sample.labels["le"])
+                out["images_buckets"][le] = out["images_buckets"].get(le, 0.0) + sample.value
+    return out if found else None
+
+
+def encoder_call_delta(before: Optional[dict], after: Optional[dict]) -> Optional[dict]:
+    """Encoder calls made between two scrapes, and images per call (mean, max).
+
+    The max is read from the histogram: the smallest bucket edge whose
+    cumulative count grew by every call of the interval (exact up to 8 images,
+    where the buckets are one apart).
+    """
+    if after is None:
+        return None
+    before = before or {"calls": 0.0, "calls_by_path": {}, "images_sum": 0.0,
+                        "images_count": 0.0, "images_buckets": {}, "rank_images": {}}
+    calls = after["calls"] - before["calls"]
+    n = after["images_count"] - before["images_count"]
+    images = after["images_sum"] - before["images_sum"]
+    grown = {le: c - before["images_buckets"].get(le, 0.0) for le, c in after["images_buckets"].items()}
+    top = min((le for le, d in grown.items() if n > 0 and d >= n), default=None)
+    return {
+        "encoder_calls": int(round(calls)),
+        "calls_by_path": {k: int(round(v - before["calls_by_path"].get(k, 0.0)))
+                          for k, v in after["calls_by_path"].items()},
+        "images": int(round(images)),
+        "images_per_call_mean": (images / n) if n > 0 else None,
+        "images_per_call_max": (None if top is None or top == float("inf") else int(top)),
+        # DP encoder: images each attention-TP rank encoded in the interval.
+        "rank_images": {k: int(round(v - before["rank_images"].get(k, 0.0)))
+                        for k, v in sorted(after["rank_images"].items())},
+    }
 
 
 class LogCursor:
@@ -459,8 +538,10 @@ def run_bursts(
                                     output_file=out, cfg=bcfg, python=python)
         echo(f"image burst {k + 1}/{bursts}: {cfg.num_prompts} prompts, concurrency "
              f"{cfg.max_concurrency}, {cfg.image_resolution}, {cfg.input_len}/{cfg.output_len} tokens")
+        metrics_before = scrape_encoder_metrics(base_url)
         t0 = time.time()
         rec, rc, tail = run_bench_serving(cmd, out, os.path.join(work_dir, f"burst{k + 1}.log"), timeout)
+        encoder = encoder_call_delta(metrics_before, scrape_encoder_metrics(base_url))
         first, lines = take_log()
         stats = summarize_record(rec, cfg.num_prompts, rc, tail)
         events = parse_compile_events(lines, first)
@@ -469,6 +550,7 @@ def run_bursts(
         stats["images_per_rank"] = vit_images_per_rank(lines)
         stats["vit_calls"] = vit_calls(lines) if cursor is not None else None
         stats["wall_s"] = time.time() - t0
+        stats["encoder"] = encoder  # from /metrics; None without the series' metrics
         result["bursts"].append({"burst": k + 1, "seed": bcfg.seed, "command": cmd,
                                  "stats": stats, "bench_serving": rec})
     if cursor is not None:
@@ -505,6 +587,16 @@ def fmt_images(per_rank: Optional[List[int]]) -> str:
     return "n/a" if per_rank is None else " / ".join(str(x) for x in per_rank)
 
 
+def fmt_encoder(encoder: Optional[dict]) -> Tuple[str, str]:
+    """("encoder calls", "images per call mean / max") table cells."""
+    if not encoder:
+        return "n/a", "n/a"
+    mean = encoder["images_per_call_mean"]
+    top = encoder["images_per_call_max"]
+    return (str(encoder["encoder_calls"]),
+            f"{'n/a' if mean is None else f'{mean:.2f}'} / {'n/a' if top is None else top}")
+
+
 def header_lines(meta: dict) -> List[str]:
     lines = [
         f"- command: `{meta['command']}`",
@@ -520,15 +612,16 @@ def header_lines(meta: dict) -> List[str]:
 def burst_table(result: dict, counted_compiles: bool) -> List[str]:
     rows = [
         "| Burst | Completed | Failed | Mean TTFT (ms) | P50 TTFT (ms) | P99 TTFT (ms) "
-        "| Output tok/s | Images per rank | Compiles after ready |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Output tok/s | Images per rank | Encoder calls | Images per call (mean / max) "
+        "| Compiles after ready |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     if result.get("warmup"):
         s = result["warmup"]["stats"]
         rows.append(
             f"| text warm-up | {s['completed']} | {s['failed']} | {fmt_ms(s['mean_ttft_ms'])} | "
             f"{fmt_ms(s['p50_ttft_ms'])} | {fmt_ms(s['p99_ttft_ms'])} | {fmt_ms(s['output_tok_s'])} | "
-            f"– | {fmt_compiles(s.get('compiles_per_rank'), counted_compiles)} |"
+            f"– | – | – | {fmt_compiles(s.get('compiles_per_rank'), counted_compiles)} |"
         )
     for b in result["bursts"]:
         s = b["stats"]
@@ -536,6 +629,7 @@ def burst_table(result: dict, counted_compiles: bool) -> List[str]:
             f"| {b['burst']} | {s['completed']} | {s['failed']} | {fmt_ms(s['mean_ttft_ms'])} | "
             f"{fmt_ms(s['p50_ttft_ms'])} | {fmt_ms(s['p99_ttft_ms'])} | {fmt_ms(s['output_tok_s'])} | "
             f"{fmt_images(s.get('images_per_rank'))} | "
+            f"{' | '.join(fmt_encoder(s.get('encoder')))} | "
             f"{fmt_compiles(s.get('compiles_per_rank'), counted_compiles)} |"
         )
     errs = [(b["burst"], b["stats"]["harness_error"]) for b in result["bursts"]

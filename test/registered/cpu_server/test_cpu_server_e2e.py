@@ -20,6 +20,7 @@ import os  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import urllib.request  # noqa: E402
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
@@ -40,7 +41,7 @@ def served(tmp_path_factory):
     tree = series_tree()
     srv = CpuServer(model, log_path=str(work / "server.log"), tp_size=2, dp_encoder=True,
                     python_path=[tree], simulate_rocm_gate=True, log_vit_calls=True,
-                    ready_timeout=900)
+                    extra_args=["--enable-metrics"], ready_timeout=900)
     srv.start()
     pids = srv.pids()
     run = None
@@ -55,10 +56,12 @@ def served(tmp_path_factory):
                "--out-json", str(out_json), "--out-md", str(out_md),
                "--work-dir", str(work / "bench"), "--timeout", "600"]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        with urllib.request.urlopen(f"{srv.base_url}/metrics", timeout=30) as r:
+            metrics_text = r.read().decode()
     finally:
         leftovers = srv.stop()
     yield {"srv": srv, "pids": pids, "leftovers": leftovers, "run": run, "work": work,
-           "json": out_json, "md": out_md}
+           "json": out_json, "md": out_md, "metrics": metrics_text}
 
 
 @pytest.mark.slow
@@ -100,7 +103,8 @@ def test_json_and_table_hold_the_run_numbers(served):
     md = served["md"].read_text()
     row = (f"| 1 | 3 | 0 | {s['mean_ttft_ms']:.1f} | {s['p50_ttft_ms']:.1f} | "
            f"{s['p99_ttft_ms']:.1f} | {s['output_tok_s']:.1f} | "
-           f"{B.fmt_images(s['images_per_rank'])} | {B.fmt_compiles(s['compiles_per_rank'])} |")
+           f"{B.fmt_images(s['images_per_rank'])} | {' | '.join(B.fmt_encoder(s['encoder']))} | "
+           f"{B.fmt_compiles(s['compiles_per_rank'])} |")
     assert row in md
     w = data["warmup"]["stats"]
     assert f"| text warm-up | 1 | 0 | {w['mean_ttft_ms']:.1f} |" in md
@@ -127,3 +131,31 @@ def test_server_stopped_by_pid_without_leftovers(served):
     alive = [p for p in served["pids"] if psutil.pid_exists(p)
              and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == []
+
+
+@pytest.mark.slow
+def test_encoder_call_metrics_moved_by_the_burst(served):
+    """3 single-image requests (3 distinct images, all cache misses): the
+    /metrics counters moved by exactly that, on the batched path."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    enc = json.loads(served["json"].read_text())["bursts"][0]["stats"]["encoder"]
+    assert enc is not None, "the series build exports sglang:mm_encoder_* with --enable-metrics"
+    assert enc["images"] == 3
+    assert 1 <= enc["encoder_calls"] <= 3
+    assert enc["calls_by_path"].get("batched", 0) == enc["encoder_calls"]
+    assert enc["calls_by_path"].get("per_request", 0) == 0
+    assert enc["images_per_call_mean"] == pytest.approx(3 / enc["encoder_calls"])
+    assert 1 <= enc["images_per_call_max"] <= 3
+    # Every image was encoded by exactly one of the two DP-encoder ranks, and
+    # the burst's metrics agree with the start-up-to-now counters.
+    assert sum(enc["rank_images"].values()) == 3
+    if enc["encoder_calls"] == 1:  # one batched call: both ranks got images
+        assert all(v >= 1 for v in enc["rank_images"].values()), enc
+    totals = {}
+    for family in text_string_to_metric_families(served["metrics"]):
+        for sample in family.samples:
+            if sample.name == "sglang:mm_encoder_rank_images_total":
+                totals[sample.labels["rank"]] = sample.value
+    assert sorted(totals) == ["0", "1"]
+    assert all(totals[k] >= v for k, v in enc["rank_images"].items())
