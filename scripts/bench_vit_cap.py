@@ -168,15 +168,7 @@ def main(argv=None):
     grids = U.burst_grids(args.burst)
     total_patches = sum(U.patches(g) for g in grids)
     cfg = dict(
-        vision=dict(
-            depth=args.depth,
-            hidden_size=args.hidden,
-            intermediate_size=4 * args.hidden,
-            num_heads=args.heads,
-            out_hidden_size=args.hidden,
-            num_position_embeddings=2304,
-            deepstack_visual_indexes=[args.depth // 2],
-        ),
+        vision=U.bench_vision(args.depth, args.hidden, args.heads),
         grids=grids,
         repeats=args.repeats,
     )

@@ -18,7 +18,8 @@ fi
 
 inputs_hash() {
   cat requirements/*.txt scripts/setup_env.sh \
-    $(find scripts/cpu_support/standin_pkgs -type f -not -path '*/__pycache__/*' 2>/dev/null | sort) \
+    $(find scripts/cpu_support/standin_pkgs -type f -not -path '*/__pycache__/*' \
+        -not -path '*/build/*' -not -path '*.egg-info/*' 2>/dev/null | sort) \
     | sha256sum | cut -c1-16
 }
 STAMP=$VENV/.fork-setup-$(inputs_hash)

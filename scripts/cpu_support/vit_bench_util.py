@@ -190,6 +190,20 @@ class dense_masked_attention:
         return False
 
 
+def bench_vision(depth: int, hidden: int, heads: int) -> Dict[str, object]:
+    """Vision sizes of the CPU benchmarks' tower (a bigger tiny Qwen3-VL):
+    MLP 4x wide, the deepstack merger half-way, Qwen3-VL's position table."""
+    return dict(
+        depth=depth,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_heads=heads,
+        out_hidden_size=hidden,
+        num_position_embeddings=2304,
+        deepstack_visual_indexes=[depth // 2],
+    )
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str = "") -> str:
     """A markdown table; ``align`` is one char per column, 'l' or 'r' (default r)."""
     align = (align or "l" + "r" * (len(headers) - 1)).ljust(len(headers), "r")
