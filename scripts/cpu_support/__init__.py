@@ -1,12 +1,19 @@
 """CPU-only support for the fork's tests, demo and benchmarks.
 
 Nothing here ships in the patch series. It exists so that SGLang's *real*
-multimodal code (scheduler helpers, Qwen3-VL vision tower, DP encoder) can run
-on a machine without a GPU:
+multimodal code (scheduler helpers, Qwen3-VL vision tower, DP encoder, the
+whole server) can run on a machine without a GPU (docs/cpu.md):
 
-* `standins` installs the few stand-ins SGLang needs on its generic
-  (non-CPU-engine) branch, see docs/cpu.md.
-* `tiny_qwen3_vl` builds a tiny random-weight Qwen3-VL in-process, on one
-  process or on several gloo ranks.
-* `ranks` runs a function on N gloo ranks and fails fast if one dies.
+* `standins`: the stand-ins SGLang needs on its generic (non-CPU-engine)
+  branch, installed before sglang is imported.
+* `tiny_qwen3_vl`, `tiny_vl_family`: SGLang's real Qwen3-VL (and Qwen3.5,
+  Qwen4-Exp, GLM-5-Next) with tiny sizes and seeded random weights.
+* `ranks`: run a function on N gloo ranks; fail fast if one dies.
+* `mm_harness`: requests through the real `_get_chunked_prefill_embedding`,
+  and the tower's real calls observed with a forward pre-hook.
+* `vit_bench_util`: shared pieces of the CPU ViT benchmarks.
+* `make_tiny_model`, `cpu_server`, `sglang_trees`, `rocm_gate_sim/`,
+  `standin_pkgs/`: the real `launch_server` on the CPU (tiny model directory,
+  launcher, pristine/series trees for A/B, the demo-only ROCm gate hook, the
+  `sgl_kernel` stand-in package).
 """
