@@ -100,30 +100,6 @@ def _point(rank, world_size, init_method, cfg, cap):
     }
 
 
-def _cap_arg(text: str):
-    caps = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        if part in ("none", "off", "unset"):
-            caps.append(None)
-            continue
-        try:
-            value = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad cap {part!r}: want a positive integer or 'none'") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"bad cap {value}: must be positive")
-        caps.append(value)
-    return caps
-
-
-def _burst_arg(text: str):
-    try:
-        return U.parse_burst(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def knee(rows, tolerance: float):
     """The smallest cap whose per-patch time is within ``tolerance`` of the
     best of the setting (None = uncapped): where the per-patch cost stops
@@ -137,9 +113,9 @@ def knee(rows, tolerance: float):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--caps", type=_cap_arg, default=_cap_arg("1,512,1024,2048,4096,none"),
+    p.add_argument("--caps", type=U.caps_arg, default=U.caps_arg("1,512,1024,2048,4096,none"),
                    help="comma list of patch caps per call (per rank with the DP encoder); 'none' = no cap")
-    p.add_argument("--burst", type=_burst_arg, default=_burst_arg(DEFAULT_BURST),
+    p.add_argument("--burst", type=U.burst_arg, default=U.burst_arg(DEFAULT_BURST),
                    help=f"single-image requests, WxH:count,... in pixels (default {DEFAULT_BURST})")
     p.add_argument("--settings", default="1proc,dp2", help="1proc and/or dp2 (comma list)")
     p.add_argument("--repeats", type=int, default=3, help="timed steps per point (>= 1)")
@@ -155,14 +131,7 @@ def main(argv=None):
     for s in chosen:
         if s not in settings:
             p.error(f"unknown setting {s!r}: choose from {', '.join(settings)}")
-    if args.repeats < 1:
-        p.error("--repeats must be at least 1")
-    if args.threads < 1:
-        p.error("--threads must be at least 1")
-    if args.hidden % args.heads:
-        p.error("--hidden must be a multiple of --heads")
-    if args.depth < 2:
-        p.error("--depth must be at least 2 (the deepstack merger sits at depth // 2)")
+    U.check_run_args(p, args)
 
     caps = sorted([c for c in args.caps if c is not None]) + [None] * (None in args.caps)
     grids = U.burst_grids(args.burst)

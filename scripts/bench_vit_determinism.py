@@ -129,13 +129,6 @@ def _worker(rank, world_size, init_method, cfg):
     return {"diffs": diffs, "costs": costs}
 
 
-def _burst_arg(text: str):
-    try:
-        return U.parse_burst(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _fmt_cos(c: float, bitwise: bool) -> str:
     """A cosine as ``1 − x``; "1 (bitwise)" when every row compared was equal."""
     if bitwise:
@@ -145,7 +138,7 @@ def _fmt_cos(c: float, bitwise: bool) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--burst", type=_burst_arg, default=_burst_arg(DEFAULT_BURST),
+    p.add_argument("--burst", type=U.burst_arg, default=U.burst_arg(DEFAULT_BURST),
                    help=f"single-image requests, WxH:count,... in pixels (default {DEFAULT_BURST})")
     p.add_argument("--settings", default="1proc,dp2", help="1proc and/or dp2 (comma list); (a) runs in 1proc")
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma list of float32, bfloat16")
@@ -166,14 +159,7 @@ def main(argv=None):
             p.error(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")
     if not chosen or not dtypes:
         p.error("need at least one setting and one dtype")
-    if args.repeats < 1:
-        p.error("--repeats must be at least 1")
-    if args.threads < 1:
-        p.error("--threads must be at least 1")
-    if args.hidden % args.heads:
-        p.error("--hidden must be a multiple of --heads")
-    if args.depth < 2:
-        p.error("--depth must be at least 2 (the deepstack merger sits at depth // 2)")
+    U.check_run_args(p, args)
 
     grids = U.burst_grids(args.burst)
     cfg = dict(

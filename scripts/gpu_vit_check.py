@@ -51,6 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from cpu_support import vit_bench_util as U  # noqa: E402  (stdlib only at import)
+from cpu_support.tiny_sizes import TINY_TEXT  # noqa: E402  (no side effects)
 
 # Vision config of Qwen/Qwen3-VL-8B-Instruct (config.json, "vision_config").
 QWEN3_VL_8B_VISION = dict(
@@ -79,22 +80,6 @@ TINY_VISION = dict(
     out_hidden_size=64,
     num_position_embeddings=256,
     deepstack_visual_indexes=[1],
-)
-# The text side only has to build; one small layer. out_hidden_size of the
-# tower must equal the text hidden size.
-TEXT = dict(
-    vocab_size=152064,
-    intermediate_size=128,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=4096,
-    rms_norm_eps=1e-6,
-    rope_theta=5000000.0,
-    rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
-    tie_word_embeddings=False,
-    hidden_act="silu",
 )
 BURST = "224x224:6,448x448:4,128x448:4,672x672:2"  # 16 requests, 8736 patches
 TINY_BURST = "64x64:6,128x128:4,64x128:4,192x192:2"  # 16 requests, 896 patches
@@ -140,7 +125,9 @@ def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
 
-    text = dict(TEXT, hidden_size=vision["out_hidden_size"])
+    # The text side only has to build: the tiny model's one small layer, at the
+    # tower's out_hidden_size.
+    text = dict(TINY_TEXT, hidden_size=vision["out_hidden_size"])
     config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
     for key, value in config.text_config.to_dict().items():  # as SGLang's loader does
         if key not in ("model_type", "architectures", "transformers_version"):
@@ -455,39 +442,15 @@ def to_markdown(r) -> str:
     return "\n".join(lines)
 
 
-def _caps_arg(text: str):
-    caps = []
-    for part in text.split(","):
-        part = part.strip().lower()
-        if part == "none":
-            caps.append(None)
-            continue
-        try:
-            value = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad cap {part!r}: want a positive integer or 'none'") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"bad cap {value}: must be positive")
-        caps.append(value)
-    return caps
-
-
-def _burst_arg(text: str):
-    try:
-        return U.parse_burst(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default=None,
                    help="cuda (also ROCm builds) or cpu; --tiny defaults to cpu, otherwise cuda")
     p.add_argument("--tiny", action="store_true", help="tiny tower and burst: the same path in seconds")
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    p.add_argument("--burst", type=_burst_arg, default=None,
+    p.add_argument("--burst", type=U.burst_arg, default=None,
                    help=f"WxH:count,... single-image requests (default {BURST}; --tiny {TINY_BURST})")
-    p.add_argument("--caps", type=_caps_arg, default=None,
+    p.add_argument("--caps", type=U.caps_arg, default=None,
                    help=f"patch caps per call to measure, 'none' = uncapped (default {CAPS}; --tiny {TINY_CAPS})")
     p.add_argument("--repeats", type=int, default=3, help="warmed steps per measurement (>= 1)")
     p.add_argument("--mm-attention-backend", default=None,
@@ -497,14 +460,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.device is None:
         args.device = "cpu" if args.tiny else "cuda"
-    if args.repeats < 1:
-        p.error("--repeats must be at least 1")
-    if args.threads < 1:
-        p.error("--threads must be at least 1")
+    U.check_run_args(p, args, tower=False)
     if args.burst is None:
         args.burst = U.parse_burst(TINY_BURST if args.tiny else BURST)
     if args.caps is None:
-        args.caps = _caps_arg(TINY_CAPS if args.tiny else CAPS)
+        args.caps = U.caps_arg(TINY_CAPS if args.tiny else CAPS)
     if args.device == "cpu" and args.mm_attention_backend is None:
         args.mm_attention_backend = "sdpa"
     return args

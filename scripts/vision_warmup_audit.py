@@ -25,9 +25,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-# The serving sweep (tower calls): 16-token floor (8x8 patches, and a 2x32
-# strip), multi-image calls, a 6144-patch image, then 8000 tokens in one call.
-SWEEP = [
+# The serving sweep (tower calls), as the DP encoder hands a rank its share:
+# the 16-token floor of --mm-process-config (8x8 patches, and a 2x32 strip, the
+# floor at a 1:16 aspect), multi-image calls, a 6144-patch image. The tests
+# sweep these too (test_vision_warmup.py).
+SERVING_SWEEP = [
     [(1, 8, 8)],
     [(1, 2, 32)],
     [(1, 16, 16)],
@@ -37,8 +39,13 @@ SWEEP = [
     [(1, 16, 16)] * 7,
     [(1, 64, 64)],
     [(1, 64, 96)],
-    [(1, 32, 32)] * 31 + [(1, 16, 16)],
 ]
+# ...then the --mm-process-config ceiling: 8000 tokens = 32000 patches in one
+# call. The compiled pieces only see the call's total patch count, so 32 images
+# adding up to 8000 tokens reach the same shapes as one ceiling image (the
+# seed's 2464x2520 is 7920 tokens) without a 32000x32000 attention on CPU.
+CEILING_CALL = [(1, 32, 32)] * 31 + [(1, 16, 16)]
+SWEEP = SERVING_SWEEP + [CEILING_CALL]
 
 
 def _shipped_calls(kind):

@@ -131,7 +131,7 @@ def model_config() -> dict:
     """config.json for Qwen3VLForConditionalGeneration with the tiny sizes."""
     from transformers import Qwen3VLConfig
 
-    from cpu_support.tiny_qwen3_vl import TINY_TEXT, TINY_VISION
+    from cpu_support.tiny_sizes import TINY_TEXT, TINY_VISION
 
     ids = token_ids()
     text = dict(TINY_TEXT)
@@ -158,7 +158,7 @@ def model_config() -> dict:
 
 
 def processor_configs():
-    from cpu_support.tiny_qwen3_vl import TINY_VISION
+    from cpu_support.tiny_sizes import TINY_VISION
 
     common = {
         "patch_size": TINY_VISION["patch_size"],

@@ -22,6 +22,7 @@ mapped when allocated and returned when freed.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import gc
 import os
@@ -188,6 +189,47 @@ class dense_masked_attention:
         VisionSdpaAttention.forward = self._saved
         _block_diagonal.cache_clear()
         return False
+
+
+def caps_arg(text: str) -> List[object]:
+    """argparse type: a comma list of patch caps per call; ``none`` (or ``off``,
+    ``unset``) stands for no cap."""
+    caps: List[object] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part in ("none", "off", "unset"):
+            caps.append(None)
+            continue
+        try:
+            value = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad cap {part!r}: want a positive integer or 'none'") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"bad cap {value}: must be positive")
+        caps.append(value)
+    return caps
+
+
+def burst_arg(text: str) -> List[Tuple[int, int, int]]:
+    """argparse type for ``--burst`` (see ``parse_burst``)."""
+    try:
+        return parse_burst(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def check_run_args(parser: argparse.ArgumentParser, args, *, tower: bool = True) -> None:
+    """The checks every ViT benchmark makes on its common flags; with
+    ``tower``, also on the tower-size flags of ``bench_vision``."""
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    if args.threads < 1:
+        parser.error("--threads must be at least 1")
+    if tower:
+        if args.hidden % args.heads:
+            parser.error("--hidden must be a multiple of --heads")
+        if args.depth < 2:
+            parser.error("--depth must be at least 2 (the deepstack merger sits at depth // 2)")
 
 
 def bench_vision(depth: int, hidden: int, heads: int) -> Dict[str, object]:

@@ -27,6 +27,7 @@ from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support import tiny_vl_family as F  # noqa: E402
 from cpu_support.mm_harness import TowerCalls  # noqa: E402
 from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
+from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP  # noqa: E402
 
 ROCM = dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False)
 PLATFORMS = {
@@ -43,29 +44,11 @@ OFF_AT_TP2 = [("CUDA", True), ("NPU", True), ("XPU", True), ("ROCm", False)]
 QWEN_CALLS = [[(1, 32, 32)], [(1, 48, 64)], [(1, 8, 8)] * 6]
 GLM_CALLS = [[(1, 32, 32)], [(1, 48, 64)]]
 
-# Serving-side sweeps, one tower call each, as the DP encoder hands a rank its
-# share. From the 16-token floor of --mm-process-config (8x8 patches; also a
-# 2x32 strip, the floor at a 1:16 aspect) through multi-image calls to the
-# largest single image that stays cheap on 2 CPU cores.
-QWEN_SWEEP = [
-    [(1, 8, 8)],
-    [(1, 2, 32)],
-    [(1, 16, 16)],
-    [(1, 8, 8)] * 3,
-    [(1, 20, 36)],
-    [(1, 8, 8), (1, 40, 60)],
-    [(1, 16, 16)] * 7,
-    [(1, 64, 64)],
-    [(1, 64, 96)],
-]
+# Serving-side sweeps, one tower call each, shared with the compile audit
+# (scripts/vision_warmup_audit.py): the 16-token floor of --mm-process-config
+# through multi-image calls, and the 8000-token ceiling in one call.
 # GLM patches are 14 px: 8x8 = 112x112 (the seed's smallest), 32x32 = 448x448.
-GLM_SWEEP = QWEN_SWEEP
-# The --mm-process-config ceiling: 8000 tokens = 32000 patches in one tower
-# call (the seed's largest image, 2464x2520, is 176x180 patches = 7920
-# tokens). The compiled pieces only see the call's total patch count, so 32
-# images adding up to 8000 tokens reach the same shapes as one ceiling image,
-# without a 32000x32000 attention on CPU.
-CEILING_CALL = [(1, 32, 32)] * 31 + [(1, 16, 16)]
+QWEN_SWEEP = GLM_SWEEP = SERVING_SWEEP
 assert sum(math.prod(g) for g in CEILING_CALL) == 8000 * 4
 
 
