@@ -15,14 +15,22 @@ only, a re-implementation of the unpatched behaviour: one SDPA call over the
 concatenation under a dense block-diagonal [1, s, s] boolean mask, cached per
 cu_seqlens like the original. The product has no such switch.
 
-Times are medians over --repeats runs after --warmup runs, the two phases
-alternating in order. Peak memory is
-the growth of the process's peak RSS (VmHWM, reset before each phase via
+Every (setting, image size, attention) point runs in fresh processes, so
+the old path's dense masks cannot leave their heap to the next point. Times
+are medians over --repeats runs after --warmup runs, the two phases
+alternating in order; the speed-up is the median over repeats of the ratio
+of the two phases within one repeat (run back to back, they share whatever
+load the machine had then). The rank processes run with glibc keeping
+freed memory (--malloc keep-heap, the default; see KEEP_HEAP for why).
+
+Peak memory comes from one more, untimed run of each phase: the free heap
+handed back to the OS first (malloc_trim) and the old path's mask cache
+emptied, it is the growth of the process's peak RSS (VmHWM, reset via
 /proc/self/clear_refs) over its RSS when the phase starts; for 2 ranks, the
 larger of the two.
 
 Example (the docs/benchmarks.md table):
-    .venv/bin/python scripts/bench_vit_cpu.py --repeats 5
+    .venv/bin/python scripts/bench_vit_cpu.py --repeats 7
 """
 
 from __future__ import annotations
@@ -97,6 +105,20 @@ class attention_impl:
 # Memory
 # ---------------------------------------------------------------------------
 
+# glibc's malloc, as PyTorch's CPU allocator uses it, maps every tensor over
+# its (dynamic, at most 32 MiB) mmap threshold afresh and unmaps it on free:
+# a batched call's 30-40 MiB activations are page-faulted in again on every
+# layer, while a one-image call's few-MiB tensors are reused from the heap.
+# That taxes exactly the batched path, and a serving process never pays it on
+# a GPU (PyTorch's caching allocator keeps its blocks); PyTorch's CPU tuning
+# guide swaps in jemalloc/tcmalloc for the same reason. These settings make
+# glibc keep freed memory instead. --malloc default measures without them.
+KEEP_HEAP = {
+    "MALLOC_MMAP_THRESHOLD_": str(1 << 32),
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 34),
+    "MALLOC_TOP_PAD_": str(1 << 29),
+}
+
 
 def _status_kib(field: str) -> int:
     with open("/proc/self/status") as f:
@@ -115,6 +137,20 @@ def _reset_peak() -> bool:
         return False
 
 
+def _release_free_heap() -> None:
+    """Hand the allocator's free memory back to the OS (glibc malloc_trim).
+
+    With the heap kept (see KEEP_HEAP), freed tensors stay resident; trimming
+    first makes a phase's RSS growth its own need again.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class PeakMemory:
     """Peak RSS growth (MiB) over a phase."""
 
@@ -122,6 +158,7 @@ class PeakMemory:
         import gc
 
         gc.collect()
+        _release_free_heap()
         self.exact = _reset_peak()
         self.start = _status_kib("VmRSS")
         return self
@@ -171,29 +208,41 @@ def _worker(rank, world_size, init_method, cfg):
                     for _, fn in phases:
                         fn()
                 times = {name: [] for name, _ in phases}
-                peaks = {name: 0.0 for name, _ in phases}
+                peaks = {}
                 # Alternate the order every repeat so that load from other
                 # processes on a shared machine hits both phases alike.
                 for r in range(cfg["repeats"]):
                     for name, fn in phases if r % 2 == 0 else phases[::-1]:
                         barrier()
-                        with PeakMemory() as mem:
-                            t0 = time.perf_counter()
-                            fn()
-                            barrier()
-                            times[name].append(time.perf_counter() - t0)
-                        peaks[name] = max(peaks[name], mem.mib)
+                        t0 = time.perf_counter()
+                        fn()
+                        barrier()
+                        times[name].append(time.perf_counter() - t0)
+                # Memory in one more, untimed run per phase, from a trimmed
+                # heap and (old) an empty mask cache: what the phase needs.
+                for name, fn in phases:
+                    _old_block_diagonal_mask.cache_clear()
+                    barrier()
+                    with PeakMemory() as mem:
+                        fn()
+                    peaks[name] = mem.mib
                 row = dict(size=side, attention=which)
                 for name, _ in phases:
                     row[name + "_ms"] = 1000 * statistics.median(times[name])
+                    row[name + "_range"] = (1000 * min(times[name]), 1000 * max(times[name]))
                     row[name + "_mib"] = peaks[name]
+                # Repeat r's two phases run back to back, so a burst of load
+                # from outside hits both: their ratio cancels most of it.
+                row["speedup"] = statistics.median(
+                    p / b for p, b in zip(times["per_request"], times["batched"])
+                )
                 results.append(row)
     return results
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--images", type=int, default=8, help="single-image requests")
     p.add_argument("--sizes", default="224,448", help="image sides in pixels")
@@ -203,9 +252,19 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=384)
     p.add_argument("--heads", type=int, default=6)
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument(
+        "--malloc",
+        choices=("keep-heap", "default"),
+        default="keep-heap",
+        help="glibc allocator of the rank processes (see KEEP_HEAP)",
+    )
     args = p.parse_args(argv)
 
     from cpu_support.ranks import run_on_ranks
+
+    if args.malloc == "keep-heap":
+        # Read by glibc when each rank process starts.
+        os.environ.update(KEEP_HEAP)
 
     patch = 16
     cfg = dict(
@@ -228,33 +287,47 @@ def main(argv=None):
     rows = []
     for key in args.settings.split(","):
         label, world = settings[key]
-        t0 = time.perf_counter()
-        per_rank = run_on_ranks(
-            _worker, world, cfg, timeout=3600, threads_per_rank=args.threads
-        )
-        for i, row in enumerate(per_rank[0]):
-            for other in per_rank[1:]:
-                for k in ("per_request_mib", "batched_mib"):
-                    row[k] = max(row[k], other[i][k])
-            rows.append(dict(row, setting=label))
-        print(f"# {label}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        for side in cfg["sizes"]:
+            for which in cfg["attention"]:
+                # Fresh processes for every point: the old path's masks (GiBs
+                # at 448) must not leave their heap behind for the next point.
+                point = dict(cfg, sizes=[side], attention=[which])
+                t0 = time.perf_counter()
+                per_rank = run_on_ranks(
+                    _worker, world, point, timeout=3600, threads_per_rank=args.threads
+                )
+                row = per_rank[0][0]
+                for other in per_rank[1:]:
+                    for k in ("per_request_mib", "batched_mib"):
+                        row[k] = max(row[k], other[0][k])
+                rows.append(dict(row, setting=label))
+                print(
+                    f"# {label}, {side}, {which}: {time.perf_counter() - t0:.0f} s",
+                    file=sys.stderr,
+                )
 
     print(
         f"Qwen3-VL vision tower (SGLang's code, random weights): depth {args.depth}, "
         f"hidden {args.hidden}, {args.heads} heads, fp32, {args.images} single-image "
-        f"requests, {args.threads} thread(s) per process; median of {args.repeats} "
-        f"after {args.warmup} warm-up.\n"
+        f"requests, {args.threads} thread(s) per process, malloc {args.malloc}; "
+        f"median of {args.repeats} after {args.warmup} warm-up (min–max in brackets), "
+        f"fresh processes per row.\n"
     )
     print(
         "| setting | image | attention | per-request (N calls) | batched (1 call) "
-        "| batched speed-up | peak mem per-request | peak mem batched |"
+        "| batched speed-up (paired) | peak mem per-request | peak mem batched |"
     )
     print("|---|---|---|---:|---:|---:|---:|---:|")
+
+    def ms(r, phase):
+        lo, hi = r[phase + "_range"]
+        return f"{r[phase + '_ms']:.0f} ms ({lo:.0f}–{hi:.0f})"
+
     for r in rows:
         print(
             f"| {r['setting']} | {r['size']}×{r['size']} | {r['attention']} "
-            f"| {r['per_request_ms']:.0f} ms | {r['batched_ms']:.0f} ms "
-            f"| {r['per_request_ms'] / r['batched_ms']:.2f}× "
+            f"| {ms(r, 'per_request')} | {ms(r, 'batched')} "
+            f"| {r['speedup']:.2f}× "
             f"| {r['per_request_mib']:.0f} MiB | {r['batched_mib']:.0f} MiB |"
         )
     return rows

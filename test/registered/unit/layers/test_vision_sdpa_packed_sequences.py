@@ -95,6 +95,7 @@ PACKINGS = {
     "interleaved-equal": [50, 77, 50, 3, 77, 50],
     "tiny-and-large": [1, 2, 300, 1],
     "with-empty": [0, 30, 0, 30, 12],
+    "equal-around-empty": [0, 40, 0, 40],
 }
 
 
@@ -136,6 +137,15 @@ def test_one_sequence_is_the_plain_unmasked_call():
     attn = _attn()
     with torch.no_grad():
         assert torch.equal(attn(q, k, v, bsz=1, cu_seqlens=cu), attn(q, k, v, bsz=1))
+
+
+def test_a_call_without_rows_gives_an_empty_output():
+    q, k, v, _ = _packed_qkv([4], seed=5)
+    q, k, v = q[:0], k[:0], v[:0]
+    cu = torch.tensor([0, 0], dtype=torch.int32)
+    with torch.no_grad():
+        out = _attn()(q, k, v, bsz=1, cu_seqlens=cu)
+    assert out.shape == (0, HEADS, HEAD_DIM)
 
 
 def test_cu_seqlens_that_does_not_cover_the_call_keeps_the_masked_call():
