@@ -21,7 +21,8 @@ are medians over --repeats runs after --warmup runs, the two phases
 alternating in order; the speed-up is the median over repeats of the ratio
 of the two phases within one repeat (run back to back, they share whatever
 load the machine had then). The rank processes run with glibc keeping
-freed memory (--malloc keep-heap, the default; see KEEP_HEAP for why).
+freed memory (--malloc keep-heap, the default; why: the docstring of
+cpu_support.vit_bench_util.keep_heap_malloc_env).
 
 Peak memory comes from one more, untimed run of each phase: the free heap
 handed back to the OS first (malloc_trim) and the old path's mask cache
@@ -36,7 +37,6 @@ Example (the docs/benchmarks.md table):
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import statistics
 import sys
@@ -44,135 +44,19 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from cpu_support import vit_bench_util as U  # noqa: E402  (stdlib only at import)
 from cpu_support.standins import prepare_cpu_process  # noqa: E402
 
 prepare_cpu_process()
 
 # ---------------------------------------------------------------------------
-# The unpatched attention, re-implemented for comparison ("old")
-# ---------------------------------------------------------------------------
-
-
-@functools.lru_cache(maxsize=128)
-def _old_block_diagonal_mask(total: int, bounds: tuple):
-    import torch
-
-    mask = torch.zeros(1, total, total, dtype=torch.bool)
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        mask[:, start:end, start:end] = True
-    return mask
-
-
-def _old_masked_forward(self, q, k, v, bsz, cu_seqlens=None, attention_mask=None, **kwargs):
-    """Unpatched semantics for the flatten_batch case the tower uses."""
-    import torch.nn.functional as F
-
-    total = q.shape[0]
-    mask = attention_mask
-    if mask is None and cu_seqlens is not None:
-        mask = _old_block_diagonal_mask(total, tuple(cu_seqlens.tolist()))
-    qh, kh, vh = (
-        t.reshape(1, total, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v)
-    )
-    out = F.scaled_dot_product_attention(
-        qh, kh, vh, attn_mask=mask, dropout_p=self.dropout, scale=self.scale
-    )
-    return out.transpose(1, 2).reshape(total, q.shape[1], q.shape[2])
-
-
-class attention_impl:
-    """Context: use "old" (masked) or "new" (installed) SDPA attention."""
-
-    def __init__(self, which: str):
-        self.which = which
-
-    def __enter__(self):
-        from sglang.srt.layers.attention.vision import VisionSdpaAttention
-
-        self.saved = VisionSdpaAttention.forward
-        if self.which == "old":
-            VisionSdpaAttention.forward = _old_masked_forward
-        return self
-
-    def __exit__(self, *exc):
-        from sglang.srt.layers.attention.vision import VisionSdpaAttention
-
-        VisionSdpaAttention.forward = self.saved
-        _old_block_diagonal_mask.cache_clear()
-
-
-# ---------------------------------------------------------------------------
-# Memory
-# ---------------------------------------------------------------------------
-
-# glibc's malloc, as PyTorch's CPU allocator uses it, maps every tensor over
-# its (dynamic, at most 32 MiB) mmap threshold afresh and unmaps it on free:
-# a batched call's 30-40 MiB activations are page-faulted in again on every
-# layer, while a one-image call's few-MiB tensors are reused from the heap.
-# That taxes exactly the batched path, and a serving process never pays it on
-# a GPU (PyTorch's caching allocator keeps its blocks); PyTorch's CPU tuning
-# guide swaps in jemalloc/tcmalloc for the same reason. These settings make
-# glibc keep freed memory instead. --malloc default measures without them.
-KEEP_HEAP = {
-    "MALLOC_MMAP_THRESHOLD_": str(1 << 32),
-    "MALLOC_TRIM_THRESHOLD_": str(1 << 34),
-    "MALLOC_TOP_PAD_": str(1 << 29),
-}
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _release_free_heap() -> None:
-    """Hand the allocator's free memory back to the OS (glibc malloc_trim).
-
-    With the heap kept (see KEEP_HEAP), freed tensors stay resident; trimming
-    first makes a phase's RSS growth its own need again.
-    """
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-class PeakMemory:
-    """Peak RSS growth (MiB) over a phase."""
-
-    def __enter__(self):
-        import gc
-
-        gc.collect()
-        _release_free_heap()
-        self.exact = _reset_peak()
-        self.start = _status_kib("VmRSS")
-        return self
-
-    def __exit__(self, *exc):
-        self.mib = max(0, _status_kib("VmHWM") - self.start) / 1024
-
-
-# ---------------------------------------------------------------------------
-# One process (or rank): every size x attention, per-request and batched
+# One point (one process, or one rank): a size and an attention, both phases
 # ---------------------------------------------------------------------------
 
 
 def _worker(rank, world_size, init_method, cfg):
+    import gc
+
     import torch
 
     from cpu_support import tiny_qwen3_vl as T
@@ -188,56 +72,52 @@ def _worker(rank, world_size, init_method, cfg):
         if dp:
             torch.distributed.barrier()
 
-    results = []
-    for side in cfg["sizes"]:
-        grid = (1, side // cfg["patch"], side // cfg["patch"])
-        items = [
-            T.image_item(grid, seed=1000 + i, config=config) for i in range(cfg["images"])
-        ]
+    grid = (1, cfg["size"] // cfg["patch"], cfg["size"] // cfg["patch"])
+    items = [T.image_item(grid, seed=1000 + i, config=config) for i in range(cfg["images"])]
 
-        def per_request():
-            return [model.get_image_feature([item]) for item in items]
+    def per_request():
+        return [model.get_image_feature([item]) for item in items]
 
-        def batched():
-            return model.get_image_feature(items)
+    def batched():
+        return model.get_image_feature(items)
 
-        phases = (("per_request", per_request), ("batched", batched))
-        for which in cfg["attention"]:
-            with attention_impl(which), torch.no_grad():
-                for _ in range(cfg["warmup"]):
-                    for _, fn in phases:
-                        fn()
-                times = {name: [] for name, _ in phases}
-                peaks = {}
-                # Alternate the order every repeat so that load from other
-                # processes on a shared machine hits both phases alike.
-                for r in range(cfg["repeats"]):
-                    for name, fn in phases if r % 2 == 0 else phases[::-1]:
-                        barrier()
-                        t0 = time.perf_counter()
-                        fn()
-                        barrier()
-                        times[name].append(time.perf_counter() - t0)
-                # Memory in one more, untimed run per phase, from a trimmed
-                # heap and (old) an empty mask cache: what the phase needs.
-                for name, fn in phases:
-                    _old_block_diagonal_mask.cache_clear()
-                    barrier()
-                    with PeakMemory() as mem:
-                        fn()
-                    peaks[name] = mem.mib
-                row = dict(size=side, attention=which)
-                for name, _ in phases:
-                    row[name + "_ms"] = 1000 * statistics.median(times[name])
-                    row[name + "_range"] = (1000 * min(times[name]), 1000 * max(times[name]))
-                    row[name + "_mib"] = peaks[name]
-                # Repeat r's two phases run back to back, so a burst of load
-                # from outside hits both: their ratio cancels most of it.
-                row["speedup"] = statistics.median(
-                    p / b for p, b in zip(times["per_request"], times["batched"])
-                )
-                results.append(row)
-    return results
+    phases = (("per_request", per_request), ("batched", batched))
+    times = {name: [] for name, _ in phases}
+    peaks = {}
+    with U.dense_masked_attention(cfg["attention"] == "old"), torch.no_grad():
+        for _ in range(cfg["warmup"]):
+            for _, fn in phases:
+                fn()
+        # Alternate the order every repeat so that load from other
+        # processes on a shared machine hits both phases alike.
+        for r in range(cfg["repeats"]):
+            for name, fn in phases if r % 2 == 0 else phases[::-1]:
+                barrier()
+                t0 = time.perf_counter()
+                fn()
+                barrier()
+                times[name].append(time.perf_counter() - t0)
+        # Memory in one more, untimed run per phase, from a trimmed heap and
+        # (old) an empty mask cache: what the phase needs.
+        for name, fn in phases:
+            U.forget_dense_masks()
+            gc.collect()
+            U.release_free_heap()
+            barrier()
+            with U.PeakRss() as mem:
+                fn()
+            peaks[name] = mem.mib
+    row = dict(size=cfg["size"], attention=cfg["attention"])
+    for name, _ in phases:
+        row[name + "_ms"] = 1000 * statistics.median(times[name])
+        row[name + "_range"] = (1000 * min(times[name]), 1000 * max(times[name]))
+        row[name + "_mib"] = peaks[name]
+    # Repeat r's two phases run back to back, so a burst of load from
+    # outside hits both: their ratio cancels most of it.
+    row["speedup"] = statistics.median(
+        p / b for p, b in zip(times["per_request"], times["batched"])
+    )
+    return row
 
 
 def main(argv=None):
@@ -256,15 +136,14 @@ def main(argv=None):
         "--malloc",
         choices=("keep-heap", "default"),
         default="keep-heap",
-        help="glibc allocator of the rank processes (see KEEP_HEAP)",
+        help="glibc allocator of the rank processes (see vit_bench_util.keep_heap_malloc_env)",
     )
     args = p.parse_args(argv)
 
     from cpu_support.ranks import run_on_ranks
 
     if args.malloc == "keep-heap":
-        # Read by glibc when each rank process starts.
-        os.environ.update(KEEP_HEAP)
+        U.keep_heap_malloc_env()  # read by glibc when each rank process starts
 
     patch = 16
     cfg = dict(
@@ -277,8 +156,6 @@ def main(argv=None):
             deepstack_visual_indexes=[args.depth // 2],
         ),
         patch=patch,
-        sizes=[int(s) for s in args.sizes.split(",")],
-        attention=args.attention.split(","),
         images=args.images,
         repeats=args.repeats,
         warmup=args.warmup,
@@ -287,19 +164,18 @@ def main(argv=None):
     rows = []
     for key in args.settings.split(","):
         label, world = settings[key]
-        for side in cfg["sizes"]:
-            for which in cfg["attention"]:
+        for side in [int(x) for x in args.sizes.split(",")]:
+            for which in args.attention.split(","):
                 # Fresh processes for every point: the old path's masks (GiBs
                 # at 448) must not leave their heap behind for the next point.
-                point = dict(cfg, sizes=[side], attention=[which])
+                point = dict(cfg, size=side, attention=which)
                 t0 = time.perf_counter()
-                per_rank = run_on_ranks(
+                row, *others = run_on_ranks(
                     _worker, world, point, timeout=3600, threads_per_rank=args.threads
                 )
-                row = per_rank[0][0]
-                for other in per_rank[1:]:
+                for other in others:
                     for k in ("per_request_mib", "batched_mib"):
-                        row[k] = max(row[k], other[0][k])
+                        row[k] = max(row[k], other[k])
                 rows.append(dict(row, setting=label))
                 print(
                     f"# {label}, {side}, {which}: {time.perf_counter() - t0:.0f} s",

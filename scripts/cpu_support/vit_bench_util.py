@@ -1,4 +1,5 @@
-"""Shared pieces of the encoder-call benchmarks (bench_vit_cap, bench_vit_determinism).
+"""Shared pieces of the encoder-call benchmarks (bench_vit_cap,
+bench_vit_determinism, bench_vit_cpu, gpu_vit_check).
 
 * ``parse_burst`` / ``burst_grids``: a burst of single-image requests of mixed
   sizes, written ``WxH:count,...`` in pixels, interleaved so that neighbouring
@@ -17,7 +18,10 @@ glibc's malloc keeps freed heap pages and moves its mmap threshold up after
 large frees, which would hide a step's activations from RSS; the benchmarks
 therefore pin ``MALLOC_MMAP_THRESHOLD_`` (see ``pin_malloc_env``) in every
 spawned process so each activation above the threshold is its own mapping,
-mapped when allocated and returned when freed.
+mapped when allocated and returned when freed. bench_vit_cpu times instead
+with glibc keeping freed memory (``keep_heap_malloc_env``, what a GPU
+server's caching allocator does), and measures memory in an extra run after
+``release_free_heap``.
 """
 
 from __future__ import annotations
@@ -83,6 +87,34 @@ def pin_malloc_env(threshold: int = 128 * 1024) -> None:
     os.environ["MALLOC_TRIM_THRESHOLD_"] = str(threshold)
 
 
+def keep_heap_malloc_env() -> None:
+    """Make later spawned processes keep freed memory for reuse.
+
+    Stock glibc maps every tensor over its (dynamic, at most 32 MiB) mmap
+    threshold afresh and unmaps it on free, so a batched call's 30-40 MiB
+    activations are page-faulted in again on every layer while a one-image
+    call's few-MiB tensors are reused from the heap: a tax on the batched
+    path only, which a GPU server never pays (PyTorch's caching allocator
+    keeps its blocks; PyTorch's CPU tuning guide swaps in jemalloc/tcmalloc
+    for the same reason). Large allocations then come from a heap that grows
+    in 512 MiB steps and is not trimmed.
+    """
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(1 << 32)
+    os.environ["MALLOC_TRIM_THRESHOLD_"] = str(1 << 34)
+    os.environ["MALLOC_TOP_PAD_"] = str(1 << 29)
+
+
+def release_free_heap() -> None:
+    """Hand glibc's free memory back to the OS (``malloc_trim(0)``), so that
+    a following ``PeakRss`` sees a phase's own need even with the heap kept."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _status_kib(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -143,7 +175,7 @@ class EncoderCallLog:
 # ---------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)  # as 0.5.23's mask cache
 def _block_diagonal(total: int, bounds: Tuple[int, ...]):
     import torch
 
@@ -187,8 +219,13 @@ class dense_masked_attention:
         from sglang.srt.layers.attention.vision import VisionSdpaAttention
 
         VisionSdpaAttention.forward = self._saved
-        _block_diagonal.cache_clear()
+        forget_dense_masks()
         return False
+
+
+def forget_dense_masks() -> None:
+    """Empty the dense-mask cache, so the next batched call builds its mask."""
+    _block_diagonal.cache_clear()
 
 
 def caps_arg(text: str) -> List[object]:
