@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import datetime
 import json
-import math
 import os
 import shlex
 import socket
@@ -125,6 +124,8 @@ def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
 
+    from cpu_support.seeded_model import default_dtype, fill_weights_
+
     # The text side only has to build: the tiny model's one small layer, at the
     # tower's out_hidden_size.
     text = dict(TINY_TEXT, hidden_size=vision["out_hidden_size"])
@@ -155,27 +156,10 @@ def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):
     )
     initialize_model_parallel(backend="nccl" if device == "cuda" else "gloo")
 
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = Qwen3VLForConditionalGeneration(config)
-    finally:
-        torch.set_default_dtype(previous)
-    # SGLang allocates parameters with torch.empty: fill them, seeded, on the
-    # device (norm weights ~1, biases small, the rest ~N(0, 1/fan_in)).
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, param in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            noise = torch.randn(param.shape, generator=gen, device=device, dtype=torch.float32)
-            if "norm" in name and name.endswith("weight"):
-                noise = 1.0 + 0.05 * noise
-            elif name.endswith("bias"):
-                noise = 0.02 * noise
-            else:
-                fan_in = param.shape[-1] if param.dim() > 1 else param.shape[0]
-                noise = noise / math.sqrt(max(fan_in, 1))
-            param.copy_(noise.to(param.dtype))
+    with default_dtype(dtype), torch.device(device):
+        model = Qwen3VLForConditionalGeneration(config)
+    # SGLang allocates parameters with torch.empty: fill them, seeded, on the device.
+    fill_weights_(model, seed, device=device)
     return model.to(device).eval(), config
 
 

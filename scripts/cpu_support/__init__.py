@@ -8,6 +8,9 @@ whole server) can run on a machine without a GPU (docs/cpu.md):
   branch, installed before sglang is imported.
 * `tiny_qwen3_vl`, `tiny_vl_family`: SGLang's real Qwen3-VL (and Qwen3.5,
   Qwen4-Exp, GLM-5-Next) with tiny sizes and seeded random weights.
+* `tiny_sizes`, `seeded_model`: the tiny sizes, and the seeded weight fill
+  and default-dtype helper, with no side effects at import (the GPU check
+  uses them too).
 * `ranks`: run a function on N gloo ranks; fail fast if one dies.
 * `mm_harness`: requests through the real `_get_chunked_prefill_embedding`,
   and the tower's real calls observed with a forward pre-hook.

@@ -8,10 +8,7 @@ from a seeded generator because SGLang allocates parameters with
 
 from __future__ import annotations
 
-import contextlib
-import math
-from dataclasses import dataclass
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from cpu_support.standins import prepare_cpu_process
 
@@ -19,6 +16,7 @@ prepare_cpu_process()
 
 import torch  # noqa: E402
 
+from cpu_support.seeded_model import default_dtype, fill_weights_  # noqa: E402,F401
 from cpu_support.tiny_sizes import TINY_TEXT, TINY_VISION  # noqa: E402,F401
 
 
@@ -118,37 +116,6 @@ def init_gloo(rank: int, world_size: int, init_method: str) -> None:
     initialize_model_parallel(backend="gloo")
 
 
-def fill_weights_(module: torch.nn.Module, seed: int = 0) -> None:
-    """Deterministic, well-scaled random weights for every parameter/buffer.
-
-    Norm weights get ~1, everything else ~N(0, 1/fan_in) so activations stay
-    in range through the tower. The same seed gives the same weights in every
-    process, so ranks of a DP encoder hold identical towers.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    for name, param in sorted(module.named_parameters(), key=lambda kv: kv[0]):
-        with torch.no_grad():
-            data = torch.randn(param.shape, generator=gen, dtype=torch.float32)
-            if "norm" in name and name.endswith("weight"):
-                data = 1.0 + 0.05 * data
-            elif name.endswith("bias"):
-                data = 0.02 * data
-            else:
-                fan_in = param.shape[-1] if param.dim() > 1 else param.shape[0]
-                data = data / math.sqrt(max(fan_in, 1))
-            param.copy_(data.to(param.dtype))
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
 def build_tiny_qwen3_vl(
     config=None,
     *,
@@ -162,7 +129,7 @@ def build_tiny_qwen3_vl(
 
         model_cls = Qwen3VLForConditionalGeneration
     config = config if config is not None else tiny_qwen3_vl_config()
-    with _default_dtype(dtype):
+    with default_dtype(dtype):
         model = model_cls(config)
     fill_weights_(model, seed)
     return model.eval()
