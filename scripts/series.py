@@ -592,11 +592,17 @@ def _pristine_sources(target: Path, series: Series, stamp: dict | None) -> dict[
 # --------------------------------------------------------------------------
 
 
-def cmd_check(args) -> int:
+def _open_target(args) -> tuple[Path, str | None, dict | None, Series]:
+    """What check, apply and status start from: the target tree (it must hold
+    sglang), its sglang version, its stamp (None when no series is applied)
+    and the series of this checkout."""
     target = require_sglang(Path(args.target).resolve())
     series = load_series(args.series_dir, args.overlay_dir)
-    version = sglang_version(target)
-    stamp = read_stamp(target)
+    return target, sglang_version(target), read_stamp(target), series
+
+
+def cmd_check(args) -> int:
+    target, version, stamp, series = _open_target(args)
     if version not in SUPPORTED_BASES:
         print(
             f"series.py: warning: sglang {version or '(unknown version)'} is not a supported "
@@ -636,10 +642,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_apply(args) -> int:
-    target = require_sglang(Path(args.target).resolve())
-    version = sglang_version(target)
-    stamp = read_stamp(target)
-    series = load_series(args.series_dir, args.overlay_dir)
+    target, version, stamp, series = _open_target(args)
     if stamp:
         if stamp["series_hash"] == series.hash:
             print(
@@ -861,10 +864,7 @@ def cmd_revert(args) -> int:
 
 
 def cmd_status(args) -> int:
-    target = require_sglang(Path(args.target).resolve())
-    version = sglang_version(target)
-    stamp = read_stamp(target)
-    series = load_series(args.series_dir, args.overlay_dir)
+    target, version, stamp, series = _open_target(args)
     applied = stamp is not None
     current = bool(stamp and stamp["series_hash"] == series.hash)
     info = {
