@@ -13,10 +13,27 @@ one with ``pip install --no-deps --target DIR sglang==0.5.23`` and a series one
 by copying it and running ``scripts/series.py apply --target``).
 
 Prints the seed-style table: Build, Burst, Mean TTFT, P99 TTFT, Output tok/s,
-images per rank (when logged), compiles after ready, each the median across
-runs with the spread (min-max), plus failed requests and launch-to-ready
-seconds. Writes all raw numbers to ``--out-dir``/ab.json and the table to
-ab.md. Ready-made GPU invocations: docs/benchmarks.md ("Image-burst A/B").
+images per rank, encoder calls and images per call (from ``/metrics``: the
+series' ``sglang:mm_encoder_*`` with ``--enable-metrics``; n/a on a pristine
+build), compiles after ready, each the median across runs with the spread
+(min-max), plus failed requests and launch-to-ready seconds. Writes all raw
+numbers to ``--out-dir``/ab.json after every finished run (a temp file
+renamed over it, so a failed launch later keeps every finished run; it says
+``"complete": false`` and the error until the last run is in) and the table
+to ab.md at the end. Ready-made GPU invocations: docs/benchmarks.md
+("Image-burst A/B").
+
+Before the first timed launch (GPU runs), the model is fetched untimed:
+``huggingface_hub.snapshot_download(MODEL, revision=R)`` with the
+``--revision`` of the launch flags (none: main) when ``--model-path`` is not
+a local folder; its folder and seconds go to ab.json (``prefetch``). That
+folder is also what bench_serving loads the tokenizer and processor from
+(offline; see bench_image_burst.py). Between launches the harness waits until
+every GPU's used memory (``nvidia-smi``, else ``rocm-smi``, else ``amd-smi``)
+is back within ``--gpu-release-slack-mib`` of what it was before the first
+launch, for at most ``--gpu-release-timeout`` seconds (then it stops with an
+error); without such a tool, or with ``--cpu``, it says so and does not wait.
+A text warm-up that completes no request stops the whole A/B at once.
 
 Server flags: everything after ``--`` is passed to ``launch_server`` (the
 harness adds ``--host``/``--port``). ``--cpu`` runs the fork's tiny Qwen3-VL
@@ -31,9 +48,13 @@ import datetime as _dt
 import json
 import os
 import shlex
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 if SCRIPTS not in sys.path:
@@ -57,7 +78,7 @@ def spread(values: Sequence[Optional[float]]) -> Optional[Dict[str, float]]:
     xs = [v for v in values if v is not None]
     if not xs:
         return None
-    return {"median": B.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
 def fmt_spread(s: Optional[Dict[str, float]], digits: int = 1) -> str:
@@ -134,7 +155,7 @@ def launch(build: dict, args, log_path: str) -> ServerProcess:
             args.model_path, log_path=log_path, tp_size=args.tp_size,
             dp_encoder=args.mm_enable_dp_encoder, python=build["python"],
             python_path=[build["target"]] if build["target"] else (),
-            simulate_rocm_gate=args.simulate_rocm_gate, log_vit_calls=True,
+            simulate_rocm_gate=args.simulate_rocm_gate,
             ready_timeout=args.ready_timeout,
             # /metrics feeds the "encoder calls" and "images per call" columns
             # (series builds; a pristine build shows n/a).
@@ -151,8 +172,159 @@ def launch(build: dict, args, log_path: str) -> ServerProcess:
                          ready_timeout=args.ready_timeout)
 
 
-def run_ab(args, builds: List[dict], echo=print) -> dict:
+def server_revision(server_args: Sequence[str]) -> Optional[str]:
+    """The ``--revision`` among the launch flags (None when not pinned)."""
+    rev = None
+    for i, a in enumerate(server_args):
+        if a == "--revision" and i + 1 < len(server_args):
+            rev = server_args[i + 1]
+        elif a.startswith("--revision="):
+            rev = a.split("=", 1)[1]
+    return rev
+
+
+def prefetch_model(model_path: str, revision: Optional[str], echo=print) -> dict:
+    """Make sure the model's files are on disk before any timed launch.
+
+    A local folder is used as it is. Otherwise the whole snapshot at
+    ``revision`` is fetched with ``huggingface_hub.snapshot_download`` (which
+    returns at once when it is cached already); the seconds it took are
+    recorded, not counted in any launch-to-ready time.
+    """
+    if os.path.isdir(model_path):
+        return {"model": model_path, "revision": revision, "local_dir": os.path.abspath(model_path),
+                "fetched": False, "seconds": 0.0, "note": "local folder, nothing to fetch"}
+    import huggingface_hub
+
+    echo(f"pre-fetching {model_path} at revision {revision or 'main'} (untimed)")
+    t0 = time.monotonic()
+    try:
+        local = huggingface_hub.snapshot_download(model_path, revision=revision)
+    except Exception as e:  # noqa: BLE001 - network, auth, unknown repo or revision
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ABError(f"pre-fetching {model_path} at revision {revision or 'main'} failed: "
+                      f"{type(e).__name__}: {first[:200]}") from None
+    seconds = time.monotonic() - t0
+    echo(f"model files in {local} ({seconds:.1f} s)")
+    return {"model": model_path, "revision": revision, "local_dir": local, "fetched": True,
+            "seconds": seconds}
+
+
+# ---------------------------------------------------------------------------
+# GPU memory between launches
+# ---------------------------------------------------------------------------
+
+
+def _parse_nvidia_smi(text: str) -> Dict[str, float]:
+    used = {}
+    for line in text.strip().splitlines():
+        index, mib = (x.strip() for x in line.split(","))
+        used[index] = float(mib)
+    return used
+
+
+def _parse_rocm_smi(text: str) -> Dict[str, float]:
+    used = {}
+    for card, fields in json.loads(text).items():
+        if isinstance(fields, dict) and "VRAM Total Used Memory (B)" in fields:
+            used[card] = int(fields["VRAM Total Used Memory (B)"]) / 2**20
+    return used
+
+
+def _parse_amd_smi(text: str) -> Dict[str, float]:
+    data = json.loads(text)
+    if isinstance(data, dict):
+        data = data.get("gpu_data", [data])
+    used = {}
+    for n, gpu in enumerate(data):
+        v = gpu["mem_usage"]["used_vram"]
+        used[str(gpu.get("gpu", n))] = float(v["value"] if isinstance(v, dict) else v)
+    return used
+
+
+# (tool, query, parser); the first tool on PATH is used.
+SMI_QUERIES = (
+    ("nvidia-smi", ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+     _parse_nvidia_smi),
+    ("rocm-smi", ["rocm-smi", "--showmeminfo", "vram", "--json"], _parse_rocm_smi),
+    ("amd-smi", ["amd-smi", "metric", "--mem-usage", "--json"], _parse_amd_smi),
+)
+
+
+def gpu_memory_used() -> Tuple[Optional[str], Dict[str, float], str]:
+    """(tool, {gpu: used MiB}, note): the note says why the dict is empty."""
+    for tool, cmd, parse_out in SMI_QUERIES:
+        if shutil.which(tool) is None:
+            continue
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return tool, {}, f"{tool} failed: {e}"
+        if out.returncode != 0:
+            why = (out.stderr.strip().splitlines() or [""])[0][:160]
+            return tool, {}, f"{shlex.join(cmd)} exited with code {out.returncode}: {why}"
+        try:
+            used = parse_out(out.stdout)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            return tool, {}, f"cannot read {shlex.join(cmd)}'s output ({type(e).__name__}: {e})"
+        if not used:
+            return tool, {}, f"{shlex.join(cmd)} listed no GPU"
+        return tool, used, ""
+    return None, {}, "no nvidia-smi, rocm-smi or amd-smi on PATH"
+
+
+def wait_gpu_memory_released(baseline: Dict[str, float], *, slack_mib: float, timeout: float,
+                             poll: float = 2.0, echo=print) -> dict:
+    """Wait until every GPU of ``baseline`` is back within ``slack_mib`` of it.
+
+    Returns what was seen; raises ``ABError`` after ``timeout`` seconds. An
+    empty baseline (no tool) returns at once with a note.
+    """
+    if not baseline:
+        return {"waited_s": 0.0, "note": "no GPU memory reading before the first launch: not waiting"}
+    t0 = time.monotonic()
+    while True:
+        tool, used, note = gpu_memory_used()
+        if not used:
+            return {"waited_s": time.monotonic() - t0, "note": f"not waiting: {note}"}
+        high = {g: u for g, u in used.items() if g in baseline and u > baseline[g] + slack_mib}
+        waited = time.monotonic() - t0
+        if not high:
+            return {"tool": tool, "waited_s": waited, "used_mib": used}
+        if waited >= timeout:
+            g, u = max(high.items(), key=lambda kv: kv[1] - baseline[kv[0]])
+            raise ABError(
+                f"GPU memory not released {timeout:.0f} s after the previous server stopped: "
+                f"GPU {g} uses {u:.0f} MiB ({baseline[g]:.0f} MiB before the first launch, "
+                f"slack {slack_mib:.0f} MiB; {tool})")
+        time.sleep(min(poll, max(0.05, timeout - waited)))
+
+
+# ---------------------------------------------------------------------------
+# The A/B loop
+# ---------------------------------------------------------------------------
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    """Write ``data`` to a temp file in the same folder, then rename it over ``path``."""
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
+    """Every launch of the A/B; ab.json is rewritten after each finished run."""
     os.makedirs(args.out_dir, exist_ok=True)
+    ab_json = os.path.join(args.out_dir, "ab.json")
     cfg = B.BurstConfig(
         num_prompts=args.num_prompts, max_concurrency=args.max_concurrency,
         image_resolution=args.image_resolution, image_count=args.image_count,
@@ -163,42 +335,78 @@ def run_ab(args, builds: List[dict], echo=print) -> dict:
         input_len=args.warmup_text_input_len or args.input_len,
         output_len=args.warmup_text_output_len or args.output_len, seed=args.seed,
     )
-    runs = []
-    for i in range(args.runs):
-        for build in builds:
-            tag = f"run{i + 1}-{build['label']}"
-            log_path = os.path.join(args.out_dir, f"{tag}.server.log")
-            srv = launch(build, args, log_path)
-            echo(f"[{tag}] launching ({build['label']}: {build['python']}"
-                 + (f", PYTHONPATH={build['target']}" if build["target"] else "") + ")")
-            try:
-                ready = srv.start()
-                echo(f"[{tag}] /health 200 after {ready:.1f} s")
-                result = B.run_bursts(
-                    base_url=srv.base_url, model=args.model_path, tokenizer=args.tokenizer,
-                    bursts=args.bursts, cfg=cfg, seed_step=args.seed_step,
-                    warmup_text_prompts=args.warmup_text_prompts, warmup_text_cfg=wcfg,
-                    server_log=log_path, work_dir=os.path.join(args.out_dir, tag),
-                    timeout=args.burst_timeout, echo=lambda m: echo(f"[{tag}] {m}"),
-                )
-            finally:
-                left = srv.stop()
-                if left:
-                    echo(f"[{tag}] WARNING: processes left after stop: {left}")
-            runs.append({"run": i + 1, "build": build["label"], "ready_s": ready,
-                         "server_flags": srv.server_flags, "server_env": _env_of(srv),
-                         "server_log": log_path, "result": result})
     labels = [b["label"] for b in builds]
-    rows = aggregate(runs, labels)
-    ready = {lab: spread([r["ready_s"] for r in runs if r["build"] == lab]) for lab in labels}
-    return {"runs": runs, "rows": rows, "ready_s": ready, "config": vars(cfg),
-            "warmup_text_config": vars(wcfg) if args.warmup_text_prompts else None,
-            "seed_step": args.seed_step}
+    runs: List[dict] = []
+    state = {"command": command, "builds": builds, "complete": False, "error": None,
+             "runs": runs, "config": vars(cfg),
+             "warmup_text_config": vars(wcfg) if args.warmup_text_prompts else None,
+             "seed_step": args.seed_step, "prefetch": None, "gpu_memory_before": None}
+
+    def save() -> None:
+        state["rows"] = aggregate(runs, labels)
+        state["ready_s"] = {lab: spread([r["ready_s"] for r in runs if r["build"] == lab])
+                            for lab in labels}
+        write_json_atomic(ab_json, state)
+
+    try:
+        if args.cpu:
+            bench_model, gpu_before = args.model_path, {}
+            state["gpu_memory_before"] = {"note": "--cpu: no GPU memory to wait for"}
+        else:
+            state["prefetch"] = prefetch_model(args.model_path, server_revision(args.server_args),
+                                               echo=echo)
+            bench_model = state["prefetch"]["local_dir"]
+            tool, gpu_before, note = gpu_memory_used()
+            state["gpu_memory_before"] = {"tool": tool, "used_mib": gpu_before, "note": note}
+            if note:
+                echo(f"GPU memory: {note}; launches will not wait for it to be released")
+        save()
+        for i in range(args.runs):
+            for build in builds:
+                tag = f"run{i + 1}-{build['label']}"
+                gpu_wait = None
+                if runs and not args.cpu:
+                    gpu_wait = wait_gpu_memory_released(
+                        gpu_before, slack_mib=args.gpu_release_slack_mib,
+                        timeout=args.gpu_release_timeout, echo=echo)
+                    if gpu_wait["waited_s"] >= 1:
+                        echo(f"[{tag}] waited {gpu_wait['waited_s']:.1f} s for GPU memory")
+                log_path = os.path.join(args.out_dir, f"{tag}.server.log")
+                srv = launch(build, args, log_path)
+                echo(f"[{tag}] launching ({build['label']}: {build['python']}"
+                     + (f", PYTHONPATH={build['target']}" if build["target"] else "") + ")")
+                try:
+                    ready = srv.start()
+                    echo(f"[{tag}] /health 200 after {ready:.1f} s")
+                    result = B.run_bursts(
+                        base_url=srv.base_url, model=bench_model,
+                        tokenizer=args.tokenizer or bench_model,
+                        bursts=args.bursts, cfg=cfg, seed_step=args.seed_step,
+                        warmup_text_prompts=args.warmup_text_prompts, warmup_text_cfg=wcfg,
+                        server_log=log_path, work_dir=os.path.join(args.out_dir, tag),
+                        timeout=args.burst_timeout, echo=lambda m: echo(f"[{tag}] {m}"),
+                    )
+                finally:
+                    left = srv.stop()
+                    if left:
+                        echo(f"[{tag}] WARNING: processes left after stop: {left}")
+                runs.append({"run": i + 1, "build": build["label"], "ready_s": ready,
+                             "server_flags": srv.server_flags, "server_env": _env_of(srv),
+                             "server_log": log_path, "gpu_memory_wait": gpu_wait,
+                             "result": result})
+                save()
+    except BaseException as e:
+        state["error"] = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        save()
+        raise
+    state["complete"] = True
+    save()
+    return state
 
 
 def _env_of(srv: ServerProcess) -> Dict[str, str]:
     keys = ("SGLANG_USE_CPU_ENGINE", "SGLANG_CPU_OMP_THREADS_BIND", "SGLANG_NCCL_SO_PATH",
-            "TORCH_LOGS", "FORK_DEMO_SIMULATE_ROCM_GATE", "FORK_DEMO_LOG_VIT_CALLS", "PYTHONPATH")
+            "TORCH_LOGS", "FORK_DEMO_SIMULATE_ROCM_GATE", "PYTHONPATH")
     return {k: srv.env[k] for k in keys if k in srv.env}
 
 
@@ -211,6 +419,12 @@ def report(ab: dict, builds: List[dict], command: str) -> str:
         lines.append(f"- {b['label']}: sglang {b['version']}, series {b['series_hash']} "
                      f"({b['python']}" + (f", PYTHONPATH={b['target']})" if b["target"] else ")"))
     lines.append(f"- server flags: `{shlex.join(first['server_flags'])}`")
+    pf = ab.get("prefetch")
+    if pf:
+        lines.append(f"- model files: {pf['local_dir']} ("
+                     + (f"{pf['model']} at revision {pf['revision'] or 'main'}, fetched untimed "
+                        f"before the first launch in {pf['seconds']:.1f} s)" if pf["fetched"]
+                        else "a local folder)"))
     env = {k: v for k, v in first["server_env"].items() if k != "PYTHONPATH"}
     if env:
         lines.append("- server env: " + ", ".join(f"`{k}={v}`" for k, v in env.items()))
@@ -236,7 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--model-path", required=True)
-    p.add_argument("--tokenizer", help="for bench_serving (default: --model-path)")
+    p.add_argument("--tokenizer", help="tokenizer folder for bench_serving (default: the model's "
+                                       "local folder, see the pre-fetch above)")
     p.add_argument("--a-python", default=sys.executable)
     p.add_argument("--a-target", help="folder holding build A's sglang (first on PYTHONPATH)")
     p.add_argument("--a-label", default="base")
@@ -259,8 +474,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-text-output-len", type=int)
     p.add_argument("--torch-logs", default="recompiles,dynamo",
                    help="TORCH_LOGS for the server (compiles after ready are counted from it)")
-    p.add_argument("--ready-timeout", type=float, default=1800.0)
-    p.add_argument("--burst-timeout", type=float, default=3600.0)
+    p.add_argument("--ready-timeout", type=float, default=1800.0,
+                   help="seconds from launch to /health 200 (the model is fetched before)")
+    p.add_argument("--burst-timeout", type=float,
+                   help="seconds per bench_serving run (default: derived from the burst, "
+                        "see bench_image_burst.burst_timeout_s; 272 s for the seed's)")
+    p.add_argument("--gpu-release-timeout", type=float, default=300.0,
+                   help="seconds to wait, between launches, for GPU memory to be released")
+    p.add_argument("--gpu-release-slack-mib", type=float, default=1024.0,
+                   help="released = every GPU within this many MiB of its use before the first launch")
     p.add_argument("--out-dir", default="ab_image_burst")
     p.add_argument("--cpu", action="store_true", help="the fork's CPU server (docs/cpu.md)")
     p.add_argument("--tp-size", type=int, default=2, help="--cpu only")
@@ -298,6 +520,12 @@ def parse(argv=None):
             p.error(f"--{side}-python {py} is not an executable")
     if args.a_label == args.b_label:
         p.error("--a-label and --b-label must differ")
+    for name in ("burst_timeout", "gpu_release_timeout", "ready_timeout"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.gpu_release_slack_mib < 0:
+        p.error("--gpu-release-slack-mib must be >= 0")
     return args
 
 
@@ -328,13 +556,12 @@ def main(argv=None) -> int:
     command = shlex.join(["scripts/ab_image_burst.py",
                           *(argv if argv is not None else sys.argv[1:])])
     try:
-        ab = run_ab(args, builds)
+        ab = run_ab(args, builds, command=command)
     except (ServerFailed, B.BenchError, ABError) as e:
-        print(f"ab_image_burst: {str(e).splitlines()[0]}", file=sys.stderr)
+        print(f"ab_image_burst: {str(e).splitlines()[0]} (finished runs: "
+              f"{os.path.join(args.out_dir, 'ab.json')})", file=sys.stderr)
         return 1
     text = report(ab, builds, command)
-    with open(os.path.join(args.out_dir, "ab.json"), "w") as f:
-        json.dump({"command": command, "builds": builds, **ab}, f, indent=1)
     with open(os.path.join(args.out_dir, "ab.md"), "w") as f:
         f.write(text)
     print(text)

@@ -11,16 +11,36 @@ Output: a JSON file with every raw number (bench_serving's result and
 per-request details per burst, the counts below) and a markdown table per
 burst (completed/failed, mean/P50/P99 TTFT, output tok/s), headed by the
 exact command, the sglang version, the series hash (``series.py status``),
-the server flags and the date. Failed requests are counted and shown.
+the server flags and the date. Failed requests are counted and shown. A text
+warm-up that completes no request stops the run at once (one-line error, exit
+2): the image bursts would fail the same way.
+
+Model files: bench_serving loads the tokenizer and the image processor from
+``--model``, and runs offline (``HF_HUB_OFFLINE=1``), so nothing is fetched
+while a burst is measured. ``--model`` is therefore resolved to a local folder
+first: a folder as given, a repo id to its Hugging Face cache snapshot at
+``--revision`` (the server's). A pinned download records no "main", so the
+repo id alone would fail every request offline. The requests then carry that
+folder as their ``model`` field, which SGLang does not check (it serves one
+model; only a ``:`` in the name selects a LoRA adapter).
+
+Time limit per bench_serving run: ``--timeout``, by default derived from the
+burst (``burst_timeout_s``: 180 s to start, then 60 s plus 0.25 s per output
+token for every wave of ``--max-concurrency`` requests; 272 s for the seed's
+burst), so a hung burst fails in minutes.
+
+Images per rank, encoder calls and images per call come from the server's
+``/metrics`` (scraped before and after each burst): the series exports
+``sglang:mm_encoder_calls_total``, ``sglang:mm_encoder_call_images`` and
+``sglang:mm_encoder_rank_images_total`` (label ``rank``) with
+``--enable-metrics``; a pristine build exports none of them (n/a).
 
 ``--server-log FILE``: the server's log (stdout+stderr). Torch compile
 events logged after the server reported ready are counted per rank, in
 total and per burst. An event is one ``[__recompiles] Recompiling function``
 record (``TORCH_LOGS=recompiles``) or one ``torchdynamo start tracing``
 record (``TORCH_LOGS=dynamo``, which also shows first compiles), counted
-once per process and dynamo compile id. If the server was started with the
-fork's demo hook ``FORK_DEMO_LOG_VIT_CALLS=1``, the images each rank encoded
-per burst are counted too.
+once per process and dynamo compile id.
 
 Example (a server on :30000)::
 
@@ -38,6 +58,7 @@ import math
 import os
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,9 +68,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READY_MARKER = "The server is fired up and ready to roll!"
-VIT_CALL_TAG = "[fork demo ViT calls] images per rank:"
 
 
 class BenchError(RuntimeError):
@@ -59,26 +81,6 @@ class BenchError(RuntimeError):
 # ---------------------------------------------------------------------------
 # Statistics
 # ---------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100), linear interpolation between ranks.
-
-    Same definition as ``numpy.percentile``'s default (and bench_serving's).
-    """
-    if not values:
-        raise ValueError("percentile of an empty sequence")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q must be in [0, 100], got {q}")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def median(values: Sequence[float]) -> float:
-    return percentile(values, 50)
 
 
 def burst_stats(
@@ -107,12 +109,14 @@ def burst_stats(
         failed += num_prompts - len(errors)
     ttft_ms = [1000.0 * ttfts_s[i] for i in ok]
     out_tokens = sum(int(output_lens[i]) for i in ok)
+    # numpy's default (linear) percentile: the definition bench_serving uses.
+    p50, p99 = (float(x) for x in np.percentile(ttft_ms, [50, 99])) if ttft_ms else (None, None)
     return {
         "completed": len(ok),
         "failed": failed,
-        "mean_ttft_ms": sum(ttft_ms) / len(ttft_ms) if ttft_ms else None,
-        "p50_ttft_ms": percentile(ttft_ms, 50) if ttft_ms else None,
-        "p99_ttft_ms": percentile(ttft_ms, 99) if ttft_ms else None,
+        "mean_ttft_ms": statistics.fmean(ttft_ms) if ttft_ms else None,
+        "p50_ttft_ms": p50,
+        "p99_ttft_ms": p99,
         "output_tokens": out_tokens,
         "duration_s": duration_s,
         "output_tok_s": out_tokens / duration_s if ttft_ms and duration_s > 0 else None,
@@ -181,26 +185,6 @@ def compiles_per_rank(events: Sequence[CompileEvent]) -> Dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def vit_images_per_rank(lines: Sequence[str]) -> Optional[List[int]]:
-    """Images per attention-TP rank summed over the ViT-call lines, or None."""
-    total: Optional[List[int]] = None
-    for line in lines:
-        i = line.find(VIT_CALL_TAG)
-        if i < 0:
-            continue
-        counts = [int(x) for x in line[i + len(VIT_CALL_TAG):].split()]
-        if total is None:
-            total = [0] * len(counts)
-        if len(counts) != len(total):
-            raise ValueError(f"ViT call lines disagree on the rank count: {line.strip()}")
-        total = [a + b for a, b in zip(total, counts)]
-    return total
-
-
-def vit_calls(lines: Sequence[str]) -> int:
-    return sum(1 for line in lines if VIT_CALL_TAG in line)
-
-
 ENCODER_CALLS = "sglang:mm_encoder_calls_total"
 ENCODER_IMAGES = "sglang:mm_encoder_call_images"
 ENCODER_RANK_IMAGES = "sglang:mm_encoder_rank_images_total"
@@ -212,8 +196,6 @@ def scrape_encoder_metrics(base_url: str, timeout: float = 10.0) -> Optional[dic
     ``None`` when the server exports none (metrics off, or a build without the
     series' metrics patch, e.g. pristine SGLang): the table then says n/a.
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
     try:
         with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout) as r:
             text = r.read().decode("utf-8", "replace")
@@ -229,10 +211,11 @@ def parse_encoder_metrics(text: str) -> Optional[dict]:
     out = {"calls": 0.0, "calls_by_path": {}, "images_sum": 0.0, "images_count": 0.0,
            "images_buckets": {}, "rank_images": {}}
     found = False
+    ours = (ENCODER_CALLS, ENCODER_RANK_IMAGES, ENCODER_IMAGES + "_count")
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            found = found or sample.name in ours
             if sample.name == ENCODER_CALLS:
-                found = True
                 out["calls"] += sample.value
                 path = sample.labels.get("path", "")
                 out["calls_by_path"][path] = out["calls_by_path"].get(path, 0.0) + sample.value
@@ -276,6 +259,24 @@ def encoder_call_delta(before: Optional[dict], after: Optional[dict]) -> Optiona
         "rank_images": {k: int(round(v - before["rank_images"].get(k, 0.0)))
                         for k, v in sorted(after["rank_images"].items())},
     }
+
+
+def images_per_rank(encoder: Optional[dict]) -> Optional[List[int]]:
+    """Images each attention-TP rank encoded, rank 0 first, from an encoder delta.
+
+    Read from ``sglang:mm_encoder_rank_images_total`` (label ``rank``), which
+    the series exports with ``--enable-metrics`` when the DP encoder splits a
+    call; ``None`` (n/a) when the server exports no such series (a pristine
+    build, metrics off, or no DP encoder).
+    """
+    if not encoder or not encoder.get("rank_images"):
+        return None
+    try:
+        per = {int(k): v for k, v in encoder["rank_images"].items()}
+    except ValueError:
+        raise BenchError(f"{ENCODER_RANK_IMAGES} has a non-integer rank label: "
+                         f"{sorted(encoder['rank_images'])}") from None
+    return [per.get(r, 0) for r in range(max(per) + 1)]
 
 
 class LogCursor:
@@ -419,9 +420,53 @@ def bench_serving_command(
     return cmd + list(extra)
 
 
+# A burst's time limit (``burst_timeout_s``): bench_serving's own start
+# (imports, tokenizer and processor, generating the random images) plus, per
+# wave of ``max_concurrency`` requests, a fixed allowance and one per output
+# token. The seed's burst (64 prompts at concurrency 64, 128 output tokens) gets
+# 180 + 60 + 32 = 272 s; its measured bursts took 2-4 s of TTFT.
+BURST_START_S = 180.0
+BURST_WAVE_S = 60.0
+BURST_TOKEN_S = 0.25
+
+
+def burst_timeout_s(cfg: BurstConfig) -> float:
+    """Seconds after which a bench_serving run of ``cfg`` counts as hung."""
+    waves = math.ceil(cfg.num_prompts / cfg.max_concurrency)
+    return BURST_START_S + waves * (BURST_WAVE_S + BURST_TOKEN_S * cfg.output_len)
+
+
+def local_model_dir(model: str, revision: Optional[str] = None) -> str:
+    """The local folder bench_serving loads the tokenizer and processor from.
+
+    bench_serving runs offline (``run_bench_serving``), so it must be given a
+    folder: ``model`` itself when it is one, else the Hugging Face cache's
+    snapshot of ``model`` at ``revision`` (what a server started with
+    ``--revision`` downloaded). A repo id alone would be looked up at revision
+    "main", which a pinned download never records, and every request would fail.
+    """
+    if os.path.isdir(model):
+        return os.path.abspath(model)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(model, revision=revision, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - not cached, bad repo id, ...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise BenchError(
+            f"{model} at revision {revision or 'main'} is not in the local Hugging Face cache "
+            f"({type(e).__name__}: {first[:160]}); pass its local folder or the server's "
+            f"--revision") from None
+
+
 def run_bench_serving(cmd: List[str], output_file: str, log_file: str,
                       timeout: float) -> Tuple[Optional[dict], int, str]:
-    """Run one bench_serving burst; return (last JSONL record or None, rc, tail)."""
+    """Run one bench_serving burst; return (last JSONL record or None, rc, tail).
+
+    Offline (``HF_HUB_OFFLINE=1`` unless the caller's environment says
+    otherwise): nothing is downloaded while a burst is measured; the model and
+    tokenizer given to bench_serving are local folders (``local_model_dir``).
+    """
     if os.path.exists(output_file):
         os.remove(output_file)
     env = dict(os.environ)
@@ -435,6 +480,7 @@ def run_bench_serving(cmd: List[str], output_file: str, log_file: str,
                                 env=env, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = 124
+            log.write(f"\nbench_image_burst: timed out after {timeout:.0f} s, killed\n")
     with open(log_file, errors="replace") as f:
         tail = "".join(f.readlines()[-15:])
     record = None
@@ -463,6 +509,17 @@ def summarize_record(record: Optional[dict], num_prompts: int, rc: int, tail: st
     return stats
 
 
+def first_error(record: Optional[dict], stats: dict) -> str:
+    """One line saying why requests failed: the harness's note or the first error."""
+    if stats.get("harness_error"):
+        return stats["harness_error"]
+    for e in (record or {}).get("errors") or []:
+        lines = [x.strip() for x in (e or "").splitlines() if x.strip()]
+        if lines:
+            return lines[-1][:200]
+    return "no error recorded"
+
+
 def run_bursts(
     *,
     base_url: str,
@@ -476,11 +533,17 @@ def run_bursts(
     server_log: Optional[str] = None,
     ready_marker: str = READY_MARKER,
     work_dir: Optional[str] = None,
-    timeout: float = 3600.0,
+    timeout: Optional[float] = None,
     python: str = sys.executable,
     echo=print,
 ) -> dict:
-    """Text warm-up (optional) then ``bursts`` image bursts; the raw results."""
+    """Text warm-up (optional) then ``bursts`` image bursts; the raw results.
+
+    ``model`` and ``tokenizer`` go to bench_serving as they are (see
+    ``local_model_dir``). ``timeout``: seconds per bench_serving run; None
+    derives it from each run's size (``burst_timeout_s``). A text warm-up that
+    completes no request raises ``BenchError`` before any image burst.
+    """
     cfg = cfg or BurstConfig()
     if bursts < 1:
         raise ValueError("bursts must be >= 1")
@@ -525,12 +588,19 @@ def run_bursts(
                                     output_file=out, cfg=wcfg, text_only=True, python=python)
         echo(f"text warm-up: {wcfg.num_prompts} prompts, concurrency {wcfg.max_concurrency}, "
              f"{wcfg.input_len}/{wcfg.output_len} tokens")
-        rec, rc, tail = run_bench_serving(cmd, out, os.path.join(work_dir, "warmup_text.log"), timeout)
+        log_file = os.path.join(work_dir, "warmup_text.log")
+        limit = timeout or burst_timeout_s(wcfg)
+        rec, rc, tail = run_bench_serving(cmd, out, log_file, limit)
         first, lines = take_log()
         stats = summarize_record(rec, wcfg.num_prompts, rc, tail)
+        stats["timeout_s"] = limit
         stats["compiles_per_rank"] = compiles_per_rank(parse_compile_events(lines, first))
         result["warmup"] = {"command": cmd, "stats": stats, "bench_serving": rec,
                             "config": vars(wcfg)}
+        if stats["completed"] == 0:
+            raise BenchError(
+                f"text warm-up completed 0 of {wcfg.num_prompts} requests "
+                f"({first_error(rec, stats)}); stopped before any image burst (log {log_file})")
     for k in range(bursts):
         out = os.path.join(work_dir, f"burst{k + 1}.jsonl")
         bcfg = BurstConfig(**{**vars(cfg), "seed": cfg.seed + k * seed_step})
@@ -540,15 +610,16 @@ def run_bursts(
              f"{cfg.max_concurrency}, {cfg.image_resolution}, {cfg.input_len}/{cfg.output_len} tokens")
         metrics_before = scrape_encoder_metrics(base_url)
         t0 = time.time()
-        rec, rc, tail = run_bench_serving(cmd, out, os.path.join(work_dir, f"burst{k + 1}.log"), timeout)
+        limit = timeout or burst_timeout_s(bcfg)
+        rec, rc, tail = run_bench_serving(cmd, out, os.path.join(work_dir, f"burst{k + 1}.log"), limit)
         encoder = encoder_call_delta(metrics_before, scrape_encoder_metrics(base_url))
         first, lines = take_log()
         stats = summarize_record(rec, cfg.num_prompts, rc, tail)
+        stats["timeout_s"] = limit
         events = parse_compile_events(lines, first)
         stats["compiles_per_rank"] = compiles_per_rank(events)
         stats["compile_events"] = [vars(e) for e in events]
-        stats["images_per_rank"] = vit_images_per_rank(lines)
-        stats["vit_calls"] = vit_calls(lines) if cursor is not None else None
+        stats["images_per_rank"] = images_per_rank(encoder)  # from /metrics
         stats["wall_s"] = time.time() - t0
         stats["encoder"] = encoder  # from /metrics; None without the series' metrics
         result["bursts"].append({"burst": k + 1, "seed": bcfg.seed, "command": cmd,
@@ -662,8 +733,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:30000")
-    p.add_argument("--model", required=True, help="served model (name/path; also loads the processor)")
-    p.add_argument("--tokenizer", help="tokenizer/processor path (default: --model)")
+    p.add_argument("--model", required=True,
+                   help="the server's model: a local folder, or a repo id found in the local "
+                        "Hugging Face cache at --revision (bench_serving loads the tokenizer "
+                        "and the image processor from that folder, offline)")
+    p.add_argument("--revision", help="the server's --revision (default: main)")
+    p.add_argument("--tokenizer", help="tokenizer folder (default: the --model folder)")
     p.add_argument("--bursts", type=int, default=2)
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--max-concurrency", type=int, default=64)
@@ -678,7 +753,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "without running the encoder")
     p.add_argument("--warmup-text-prompts", type=int, default=0,
                    help="text-only warm-up burst of N prompts first (0: none)")
-    p.add_argument("--server-log", help="server log to count compiles (and ViT calls) after ready")
+    p.add_argument("--server-log", help="server log to count compiles after ready")
     p.add_argument("--ready-marker", default=READY_MARKER)
     p.add_argument("--server-flags", default="(not given)", help="the server's flags, for the header")
     p.add_argument("--sglang-target", help="folder holding the server's sglang (for version + series hash)")
@@ -686,7 +761,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-json", default="image_burst.json")
     p.add_argument("--out-md", default="image_burst.md")
     p.add_argument("--work-dir", help="where bench_serving's files go (default: a temp dir)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per burst")
+    p.add_argument("--timeout", type=float,
+                   help="seconds per bench_serving run (default: derived from the burst, "
+                        f"{BURST_START_S:.0f} + per wave of --max-concurrency requests "
+                        f"{BURST_WAVE_S:.0f} + {BURST_TOKEN_S} per output token)")
     return p
 
 
@@ -702,6 +780,8 @@ def validate(args) -> None:
         raise BenchError(str(e)) from None
     if args.server_log and not os.path.isfile(args.server_log):
         raise BenchError(f"--server-log {args.server_log} does not exist")
+    if args.timeout is not None and args.timeout <= 0:
+        raise BenchError(f"--timeout must be > 0, got {args.timeout}")
 
 
 def main(argv=None) -> int:
@@ -713,8 +793,9 @@ def main(argv=None) -> int:
             image_resolution=args.image_resolution, image_count=args.image_count,
             input_len=args.input_len, output_len=args.output_len, seed=args.seed,
         )
+        model_dir = local_model_dir(args.model, args.revision)
         result = run_bursts(
-            base_url=args.base_url, model=args.model, tokenizer=args.tokenizer,
+            base_url=args.base_url, model=model_dir, tokenizer=args.tokenizer or model_dir,
             bursts=args.bursts, cfg=cfg, seed_step=args.seed_step,
             warmup_text_prompts=args.warmup_text_prompts,
             server_log=args.server_log, ready_marker=args.ready_marker,
@@ -730,6 +811,7 @@ def main(argv=None) -> int:
         "sglang_version": sglang_version(python_path=[args.sglang_target] if args.sglang_target else ()),
         "series_hash": args.series_hash or series_hash(target),
         "server_flags": args.server_flags,
+        "model_dir": model_dir,
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
     }
     report = markdown_report(result, meta)

@@ -15,8 +15,6 @@ stand-in installed in the venv::
   ones that left the group), so nothing is left behind.
 * ``simulate_rocm_gate=True`` loads the demo-only start-up hook in
   ``cpu_support/rocm_gate_sim`` into every server process (see that file).
-* ``log_vit_calls=True`` loads the same hook to log, per vision-encoder
-  call, how many images each attention-TP rank encoded.
 * ``python_path`` prepends directories to ``PYTHONPATH``: point it at a
   ``--target`` tree holding another ``sglang`` (the pristine release for A/B
   runs) and the server imports that one instead of the venv's.
@@ -37,7 +35,6 @@ from typing import Dict, List, Optional, Sequence
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROCM_GATE_SIM_DIR = os.path.join(HERE, "rocm_gate_sim")
 ROCM_GATE_SIM_ENV = "FORK_DEMO_SIMULATE_ROCM_GATE"
-VIT_CALLS_ENV = "FORK_DEMO_LOG_VIT_CALLS"
 # A path that never exists: SGLang then treats NCCL as absent (see docs/cpu.md).
 MISSING_NCCL_PATH = "/nonexistent/fork-cpu-support/libnccl.so"
 
@@ -109,7 +106,6 @@ def server_env(
     *,
     tp_size: int = 1,
     simulate_rocm_gate: bool = False,
-    log_vit_calls: bool = False,
     python_path: Sequence[str] = (),
     torch_logs: Optional[str] = "recompiles,dynamo",
     base: Optional[Dict[str, str]] = None,
@@ -131,13 +127,11 @@ def server_env(
     if torch_logs:
         env["TORCH_LOGS"] = torch_logs
     paths = list(python_path)
-    for flag, name in ((simulate_rocm_gate, ROCM_GATE_SIM_ENV), (log_vit_calls, VIT_CALLS_ENV)):
-        if flag:
-            env[name] = "1"
-        else:
-            env.pop(name, None)
-    if simulate_rocm_gate or log_vit_calls:
+    if simulate_rocm_gate:
+        env[ROCM_GATE_SIM_ENV] = "1"
         paths.insert(0, ROCM_GATE_SIM_DIR)
+    else:
+        env.pop(ROCM_GATE_SIM_ENV, None)
     if paths:
         old = env.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
@@ -192,8 +186,7 @@ class ServerProcess:
 
     def env_summary(self) -> Dict[str, str]:
         keys = ("SGLANG_USE_CPU_ENGINE", "SGLANG_CPU_OMP_THREADS_BIND",
-                "SGLANG_NCCL_SO_PATH", "TORCH_LOGS", ROCM_GATE_SIM_ENV, VIT_CALLS_ENV,
-                "PYTHONPATH")
+                "SGLANG_NCCL_SO_PATH", "TORCH_LOGS", ROCM_GATE_SIM_ENV, "PYTHONPATH")
         return {k: self.env[k] for k in keys if k in self.env}
 
     def log_tail(self, n: int = 40) -> str:
@@ -312,7 +305,6 @@ class CpuServer(ServerProcess):
         python: str = sys.executable,
         python_path: Sequence[str] = (),
         simulate_rocm_gate: bool = False,
-        log_vit_calls: bool = False,
         torch_logs: Optional[str] = "recompiles,dynamo",
         max_total_tokens: int = 4096,
         extra_args: Sequence[str] = (),
@@ -329,7 +321,7 @@ class CpuServer(ServerProcess):
                            python=python, max_total_tokens=max_total_tokens,
                            extra_args=extra_args),
             env=server_env(tp_size=tp_size, simulate_rocm_gate=simulate_rocm_gate,
-                           log_vit_calls=log_vit_calls, python_path=python_path,
+                           python_path=python_path,
                            torch_logs=torch_logs),
             port=port, log_path=log_path, ready_timeout=ready_timeout,
         )

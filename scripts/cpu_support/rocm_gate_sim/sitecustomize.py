@@ -19,15 +19,11 @@ right after they are imported (a post-import hook on ``sys.meta_path``):
 
 Nothing else sees ROCm: a process-wide override would send other code down
 ROCm-only kernels. The override in the series case is scoped to the gate's
-own call.
+own call. The wrappers pass every positional and keyword argument through,
+so a gate that takes arguments (e.g. the encoder function) keeps them.
 
-Separately, ``FORK_DEMO_LOG_VIT_CALLS=1`` logs how the DP encoder splits each
-vision-encoder call across the attention-TP ranks (one line per call, from
-attention-TP rank 0, by wrapping ``mm_utils.get_dp_encoder_lb_assignment``):
-
-    [fork demo ViT calls] images per rank: 2 1
-
-The burst harness counts these lines to report images per rank.
+Images per rank are not logged here: the burst harness reads them from the
+series' ``sglang:mm_encoder_rank_images_total`` on ``/metrics``.
 """
 
 import importlib.abc
@@ -36,8 +32,6 @@ import os
 import sys
 
 _ENV = "FORK_DEMO_SIMULATE_ROCM_GATE"
-_VIT_ENV = "FORK_DEMO_LOG_VIT_CALLS"
-VIT_CALL_TAG = "[fork demo ViT calls] images per rank:"
 _MM_UTILS = "sglang.srt.multimodal.mm_utils"
 _MM_SCHEDULE = "sglang.srt.managers.mm_schedule"
 _TAG = "fork demo ROCm gate simulation"
@@ -60,30 +54,7 @@ def _under_hip(fn):
     return gate
 
 
-def _log_vit_split(fn):
-    def assignment(*args, **kwargs):
-        result = fn(*args, **kwargs)
-        try:
-            from sglang.srt.runtime_context import get_parallel
-
-            if get_parallel().attn_tp_rank == 0:
-                counts = " ".join(str(int(c)) for c in result[1])
-                sys.stderr.write(f"{VIT_CALL_TAG} {counts}\n")
-                sys.stderr.flush()
-        except Exception as e:  # noqa: BLE001 - logging must never break serving
-            sys.stderr.write(f"[{_TAG}] could not log a ViT call: {e}\n")
-        return result
-
-    assignment.__wrapped__ = fn
-    assignment.__fork_vit_log__ = True
-    return assignment
-
-
 def _patch_mm_utils(mod):
-    if os.environ.get(_VIT_ENV) == "1":
-        lb = getattr(mod, "get_dp_encoder_lb_assignment", None)
-        if lb is not None and not getattr(lb, "__fork_vit_log__", False):
-            mod.get_dp_encoder_lb_assignment = _log_vit_split(lb)
     if os.environ.get(_ENV) != "1":
         return
     fn = getattr(mod, "hip_dp_encoder_batches_vit", None)
@@ -152,5 +123,5 @@ def install():
     sys.meta_path.insert(0, _PostImportPatcher())
 
 
-if os.environ.get(_ENV) == "1" or os.environ.get(_VIT_ENV) == "1":
+if os.environ.get(_ENV) == "1":
     install()

@@ -63,10 +63,6 @@ def test_table_rows_and_old_mask_memory():
         assert per > 0 and bat > 0
         # One repeat: the range collapses onto the median.
         assert int(r["per_lo"]) == per == int(r["per_hi"])
-        # One repeat: the paired ratio is per / bat, which the table shows
-        # with both times rounded to whole ms and the ratio to 0.01.
-        lowest, highest = (per - 0.5) / (bat + 0.5), (per + 0.5) / (bat - 0.5)
-        assert lowest - 0.005 <= float(r["speedup"]) <= highest + 0.005, r
     old, new = rows
     assert int(old["bat_mib"]) >= int(new["bat_mib"]) + int(mask_mib) - 1, out.stdout
     # Each point ran in its own processes (one stderr line per point).

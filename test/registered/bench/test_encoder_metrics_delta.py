@@ -48,6 +48,9 @@ def test_delta_counts_calls_images_and_max(exposition):
     assert d["images_per_call_max"] == 5
     assert d["rank_images"] == {"0": 6, "1": 4}
     assert B.fmt_encoder(d) == ("4", "2.50 / 5")
+    # The table's "Images per rank" column comes from these counters.
+    assert B.images_per_rank(d) == [6, 4]
+    assert B.fmt_images(B.images_per_rank(d)) == "6 / 4"
 
 
 def test_no_series_means_not_available(exposition):
@@ -55,6 +58,15 @@ def test_no_series_means_not_available(exposition):
     assert B.parse_encoder_metrics("# nothing here\n") is None
     assert B.encoder_call_delta(None, None) is None
     assert B.fmt_encoder(None) == ("n/a", "n/a")
+    assert B.images_per_rank(None) is None and B.fmt_images(None) == "n/a"
+
+
+def test_rank_images_alone_are_enough_and_missing_ranks_are_zero(exposition):
+    """A rank that encoded nothing in the interval still gets its column."""
+    metrics, text = exposition
+    metrics.observe_rank_images(1, 3)
+    d = B.encoder_call_delta(None, B.parse_encoder_metrics(text()))
+    assert B.images_per_rank(d) == [0, 3]
 
 
 def test_idle_interval_is_zero_calls(exposition):

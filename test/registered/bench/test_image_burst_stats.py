@@ -4,28 +4,10 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
-import random  # noqa: E402
-
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import ab_image_burst as AB  # noqa: E402
 import bench_image_burst as B  # noqa: E402
-
-
-@pytest.mark.parametrize("q", [0, 1, 25, 50, 90, 99, 100])
-@pytest.mark.parametrize("n", [1, 2, 7, 64])
-def test_percentile_matches_numpy_linear(q, n):
-    rng = random.Random(n * 1000 + q)
-    xs = [rng.uniform(0, 5000) for _ in range(n)]
-    assert B.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
-
-
-def test_percentile_rejects_bad_input():
-    with pytest.raises(ValueError, match="empty"):
-        B.percentile([], 50)
-    with pytest.raises(ValueError, match=r"\[0, 100\]"):
-        B.percentile([1.0], 101)
 
 
 def test_burst_stats_counts_failures_and_uses_completed_only():
@@ -37,7 +19,8 @@ def test_burst_stats_counts_failures_and_uses_completed_only():
     assert s["failed"] == 2                # one error + one request that never came back
     assert s["mean_ttft_ms"] == pytest.approx((100 + 200 + 400) / 3)
     assert s["p50_ttft_ms"] == pytest.approx(200.0)
-    assert s["p99_ttft_ms"] == pytest.approx(float(np.percentile([100, 200, 400], 99)))
+    # Linear between ranks (bench_serving's definition): 200 + 0.98 * (400 - 200).
+    assert s["p99_ttft_ms"] == pytest.approx(396.0)
     assert s["output_tokens"] == 22
     assert s["output_tok_s"] == pytest.approx(11.0)
 

@@ -40,7 +40,7 @@ def served(tmp_path_factory):
     model = make_tiny_model(str(work / "model"))
     tree = series_tree()
     srv = CpuServer(model, log_path=str(work / "server.log"), tp_size=2, dp_encoder=True,
-                    python_path=[tree], simulate_rocm_gate=True, log_vit_calls=True,
+                    python_path=[tree], simulate_rocm_gate=True,
                     extra_args=["--enable-metrics"], ready_timeout=900)
     srv.start()
     pids = srv.pids()
@@ -98,8 +98,10 @@ def test_json_and_table_hold_the_run_numbers(served):
     # bench_serving's own aggregate agrees with ours.
     assert s["mean_ttft_ms"] == pytest.approx(raw["mean_ttft_ms"], rel=1e-6)
     assert s["p99_ttft_ms"] == pytest.approx(raw["p99_ttft_ms"], rel=1e-6)
-    # The DP encoder gave the images to ranks; the counts add up to the images sent.
+    # The DP encoder gave the images to ranks (read from /metrics); the counts
+    # add up to the images sent.
     assert s["images_per_rank"] is not None and sum(s["images_per_rank"]) == 3
+    assert s["images_per_rank"] == B.images_per_rank(s["encoder"])
     md = served["md"].read_text()
     row = (f"| 1 | 3 | 0 | {s['mean_ttft_ms']:.1f} | {s['p50_ttft_ms']:.1f} | "
            f"{s['p99_ttft_ms']:.1f} | {s['output_tok_s']:.1f} | "

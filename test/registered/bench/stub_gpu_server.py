@@ -1,0 +1,185 @@
+"""Stand-in for ``python -m sglang.launch_server`` on a GPU, for the A/B dry run.
+
+Not a test module. ``test_ab_dry_run.py`` gives the A/B harness a Python
+wrapper that runs this file instead of ``-m sglang.launch_server`` (every
+other command, e.g. the harness's ``import sglang`` probes and bench_serving,
+runs on the real Python and the real ``--target`` trees). It fakes only what
+needs a GPU, and keeps the preconditions a real GPU server has:
+
+* its model must be on disk at start: a folder, or the Hugging Face cache's
+  snapshot at ``--revision`` (no network here; a real server would download it
+  inside the timed launch);
+* the GPUs' memory must have been released by the previous server
+  (``$STUB_STATE_DIR/gpu.json``, which the fake ``nvidia-smi`` reads too): else
+  it fails like an out-of-memory start; on SIGTERM it marks the memory as
+  released ``$STUB_GPU_RELEASE_S`` seconds later, as a driver does;
+* it answers ``/health``, ``/v1/models``, streaming ``/v1/chat/completions``
+  (one chunk per output token, then usage) and ``/metrics``. When the sglang
+  on its ``PYTHONPATH`` has the series applied (``series.py status``),
+  ``/metrics`` exports the series' encoder series, each request one call with
+  its images dealt over ``--tp-size`` ranks; a pristine tree exports none.
+
+Extra flags (after ``--`` in the harness): ``--stub-fail-launch N`` exits at
+the Nth start counted in ``$STUB_STATE_DIR``; ``--stub-chat-status CODE``
+answers every chat request with that HTTP status.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+READY = "The server is fired up and ready to roll!"
+
+
+def _state(name):
+    return os.path.join(os.environ["STUB_STATE_DIR"], name)
+
+
+def _model_on_disk(model, revision):
+    if os.path.isdir(model):
+        return True
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(model, revision=revision, local_files_only=True)
+        return True
+    except Exception as e:  # noqa: BLE001
+        print(f"stub: {model}@{revision} not on disk: {type(e).__name__}", flush=True)
+        return False
+
+
+def _gpu(update=None):
+    path = _state("gpu.json")
+    if update is not None:
+        with open(path + ".tmp", "w") as f:
+            json.dump(update, f)
+        os.replace(path + ".tmp", path)
+        return update
+    if not os.path.exists(path):
+        return {"in_use": False, "release_at": 0}
+    with open(path) as f:
+        return json.load(f)
+
+
+def _series_on_path():
+    """Whether the sglang this process imports has the series applied (series.py status)."""
+    tree = os.path.dirname(os.path.dirname(importlib.util.find_spec("sglang").origin))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "series.py"), "status",
+                          "--json", "--target", tree], capture_output=True, text=True)
+    return bool(json.loads(out.stdout).get("applied"))
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--revision")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--stub-fail-launch", type=int, default=0)
+    p.add_argument("--stub-chat-status", type=int, default=200)
+    args, _ = p.parse_known_args()
+
+    counter = _state("launches")
+    n = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
+    with open(counter, "w") as f:
+        f.write(str(n))
+    if n == args.stub_fail_launch:
+        print(f"stub: launch {n} fails as asked", flush=True)
+        sys.exit(1)
+    if not _model_on_disk(args.model_path, args.revision):
+        sys.exit(1)
+    g = _gpu()
+    if g["in_use"] or time.time() < g["release_at"]:
+        print("torch.OutOfMemoryError: the previous server's memory is still in use", flush=True)
+        sys.exit(1)
+    _gpu({"in_use": True, "release_at": 0})
+
+    import prometheus_client as pc
+
+    reg = pc.CollectorRegistry()
+    series = _series_on_path()
+    if series:
+        calls = pc.Counter("sglang:mm_encoder_calls", "calls", ["path"], registry=reg)
+        images = pc.Histogram("sglang:mm_encoder_call_images", "images per call",
+                              buckets=[1, 2, 3, 4, 8, 16], registry=reg)
+        ranks = pc.Counter("sglang:mm_encoder_rank_images", "images per rank", ["rank"],
+                           registry=reg)
+    lock = threading.Lock()
+    dealt = [0]
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code, body, ctype="application/json"):
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._send(200, "{}")
+            elif self.path == "/v1/models":
+                self._send(200, json.dumps({"data": [{"id": args.model_path}]}))
+            elif self.path == "/metrics":
+                self._send(200, pc.generate_latest(reg).decode(), "text/plain")
+            else:
+                self._send(404, "{}")
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path != "/v1/chat/completions":
+                self._send(404, "{}")
+                return
+            if args.stub_chat_status != 200:
+                self._send(args.stub_chat_status, json.dumps({"error": "stub says no"}))
+                return
+            content = body["messages"][0]["content"]
+            k = sum(1 for c in content if isinstance(c, dict) and c.get("type") == "image_url") \
+                if isinstance(content, list) else 0
+            if k and series:
+                with lock:
+                    calls.labels(path="batched").inc()
+                    images.observe(k)
+                    for _ in range(k):
+                        ranks.labels(rank=str(dealt[0] % args.tp_size)).inc()
+                        dealt[0] += 1
+            out = int(body.get("max_completion_tokens") or 4)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for _ in range(out):
+                chunk = {"choices": [{"index": 0, "delta": {"content": "x"}}]}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            usage = {"choices": [], "usage": {"completion_tokens": out}}
+            self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+            self.close_connection = True
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+
+    def stop(*_):
+        delay = float(os.environ.get("STUB_GPU_RELEASE_S", "1.5"))
+        _gpu({"in_use": False, "release_at": time.time() + delay})
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    print(f"stub: serving {args.model_path} (series metrics: {series})", flush=True)
+    print(READY, flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The A/B harness's GPU path (no ``--cpu``), dry-run on the CPU with two ``--target`` trees.
+
+``scripts/ab_image_burst.py`` runs as the docs' GPU commands run it: two real
+trees (pristine SGLang 0.5.23 and the series, ``cpu_support/sglang_trees.py``)
+put first on ``PYTHONPATH``, the model given as a Hugging Face repo id with a
+pinned ``--revision`` after ``--``, the real ``sglang.bench_serving`` for every
+burst. Only what needs a GPU is faked: ``launch_server`` (``stub_gpu_server.py``,
+through a Python wrapper), ``nvidia-smi`` (on ``PATH``, reading the stub's GPU
+state) and the model download (``huggingface_hub.snapshot_download``, which
+here writes the tiny model into a private cache as the pinned commit, and no
+``refs/main``, as a pinned download does).
+
+One A/B of two runs (no text warm-up, one burst of two requests) whose third
+launch fails checks, in one go:
+the untimed pre-fetch before the first launch (issue 11, item 6); every
+request completing offline although "main" is not cached (item 1); the wait
+for GPU memory between launches (item 5); ab.json holding every finished run
+after a failed launch (item 4); images per rank from ``/metrics`` (item 7).
+"""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=75, suite="stage-a-test-cpu")
+
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import stat  # noqa: E402
+import sys  # noqa: E402
+
+import huggingface_hub  # noqa: E402
+import pytest  # noqa: E402
+
+import ab_image_burst as AB  # noqa: E402
+from cpu_support.make_tiny_model import make_tiny_model  # noqa: E402
+from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STUB = os.path.join(HERE, "stub_gpu_server.py")
+REPO_ID = "fork-test/tiny-qwen3-vl"
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+FAKE_SMI = r'''#!{python}
+import json, os, sys, time
+path = os.path.join({state!r}, "gpu.json")
+g = json.load(open(path)) if os.path.exists(path) else {{"in_use": False, "release_at": 0}}
+used = 70000 if g["in_use"] or time.time() < g["release_at"] else 300
+if sys.argv[1:] != ["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]:
+    sys.exit("fake nvidia-smi: unexpected arguments %r" % sys.argv[1:])
+print("0, %d\n1, %d" % (used, used))
+'''
+
+WRAPPER = """#!/bin/sh
+if [ "$1" = "-m" ] && [ "$2" = "sglang.launch_server" ]; then
+  shift 2
+  exec {python} {stub} "$@"
+fi
+exec {python} "$@"
+"""
+
+
+def _executable(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+@pytest.fixture
+def gpu_box(tmp_path, monkeypatch):
+    """A CPU machine dressed as a GPU box: fake nvidia-smi, stub server, empty HF cache."""
+    state = tmp_path / "state"
+    state.mkdir()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "nvidia-smi", FAKE_SMI.format(python=sys.executable, state=str(state)))
+    python = _executable(tmp_path / "python", WRAPPER.format(python=sys.executable, stub=STUB))
+    model = make_tiny_model(str(tmp_path / "tiny-model"), check=False)
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STUB_STATE_DIR", str(state))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fetches = []
+    out = tmp_path / "ab"
+
+    def fake_snapshot_download(repo_id, revision=None, **kwargs):
+        """The download: the pinned commit's snapshot, as huggingface_hub lays it out."""
+        logs = sorted(p.name for p in out.glob("*.server.log")) if out.exists() else []
+        fetches.append({"repo_id": repo_id, "revision": revision, "server_logs_then": logs,
+                        "kwargs": kwargs})
+        snap = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / revision
+        shutil.copytree(model, snap, dirs_exist_ok=True)
+        return str(snap)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    return {"python": python, "out": out, "fetches": fetches, "state": state}
+
+
+def _argv(box, *server_flags, runs=2, warmup=0):
+    return [
+        "--runs", str(runs), "--bursts", "1", "--num-prompts", "2", "--max-concurrency", "2",
+        "--image-resolution", "224x224", "--input-len", "32", "--output-len", "4",
+        "--warmup-text-prompts", str(warmup),
+        "--a-python", box["python"], "--a-target", pristine_tree(), "--a-label", "base",
+        "--b-python", box["python"], "--b-target", series_tree(), "--b-label", "series",
+        "--model-path", REPO_ID, "--out-dir", str(box["out"]),
+        "--ready-timeout", "60", "--gpu-release-timeout", "30",
+        "--", "--revision", SHA, "--tp-size", "2", *server_flags,
+    ]
+
+
+def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, capsys):
+    rc = AB.main(_argv(gpu_box, "--stub-fail-launch", "3"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1
+    assert len(err) == 1 and "server exited with code 1" in err[0], err
+
+    # Item 6: one untimed fetch of the pinned revision, before any server started.
+    assert [(f["repo_id"], f["revision"], f["server_logs_then"]) for f in gpu_box["fetches"]] \
+        == [(REPO_ID, SHA, [])]
+    ab = json.loads((gpu_box["out"] / "ab.json").read_text())
+    assert ab["prefetch"]["fetched"] is True and ab["prefetch"]["revision"] == SHA
+    assert ab["prefetch"]["local_dir"].endswith(os.path.join("snapshots", SHA))
+
+    # Item 4: the failed third launch kept both finished runs, atomically written.
+    assert ab["complete"] is False and "exited with code 1" in ab["error"]
+    assert [(r["run"], r["build"]) for r in ab["runs"]] == [(1, "base"), (1, "series")]
+    assert [p.name for p in gpu_box["out"].iterdir() if p.name.startswith(".ab.json")] == []
+
+    # Item 1: every request completed, although only the pinned commit is cached.
+    for r in ab["runs"]:
+        res = r["result"]
+        assert [(b["stats"]["completed"], b["stats"]["failed"]) for b in res["bursts"]] == [(2, 0)]
+        cmd = res["bursts"][0]["command"]
+        assert cmd[cmd.index("--tokenizer") + 1] == ab["prefetch"]["local_dir"]
+
+    # Item 5: the second launch waited for the first server's memory to be released.
+    assert ab["gpu_memory_before"]["tool"] == "nvidia-smi"
+    assert ab["gpu_memory_before"]["used_mib"] == {"0": 300.0, "1": 300.0}
+    assert ab["runs"][0]["gpu_memory_wait"] is None
+    wait = ab["runs"][1]["gpu_memory_wait"]
+    assert wait["waited_s"] >= 1.0 and wait["used_mib"] == {"0": 300.0, "1": 300.0}
+
+    # Item 7: images per rank from /metrics: the series build exports them, pristine does not.
+    base, series = (r["result"]["bursts"][0]["stats"] for r in ab["runs"])
+    assert base["images_per_rank"] is None and base["encoder"] is None
+    assert series["images_per_rank"] == [1, 1]
+    assert series["encoder"]["rank_images"] == {"0": 1, "1": 1}
+
+
+def test_warm_up_completing_nothing_stops_the_whole_ab(gpu_box, capsys):
+    rc = AB.main(_argv(gpu_box, "--stub-chat-status", "500", runs=2, warmup=1))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1, err
+    assert "text warm-up completed 0 of 1 requests" in err[0]
+    # No image burst ran and no second server was launched.
+    out = gpu_box["out"]
+    assert sorted(p.name for p in out.glob("*.server.log")) == ["run1-base.server.log"]
+    assert not list(out.rglob("burst1.*"))
+    ab = json.loads((out / "ab.json").read_text())
+    assert ab["complete"] is False and ab["runs"] == []
+    assert "text warm-up completed 0 of 1" in ab["error"]
