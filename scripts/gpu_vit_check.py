@@ -12,14 +12,24 @@ mixed sizes through SGLang's real prefill-step function
    per request, upstream's per-request path) or on (one cross-request call);
    first call (unseen shapes) vs warmed calls (median of --repeats);
 2. peak memory of the batched step vs ``--mm-max-encoder-patches-per-call``
-   (set with ``get_mm().override``): on CUDA torch.cuda.max_memory_allocated
-   over the step minus what was allocated before it; on CPU the process's
+   (set with ``get_mm().override``), read after the embedding cache was
+   emptied (the previous step's cached embeddings are freed first): on CUDA
+   torch.cuda.max_memory_allocated over the step minus what was allocated
+   before it; on CPU the process's
    peak RSS growth (VmHWM after /proc/self/clear_refs, glibc's mmap threshold
    pinned so freed activations leave the RSS);
 3. batched vs each image alone (``get_image_feature([item])``) in the model
    dtype (bf16 by default): max |diff|, mean and minimum per-token cosine,
    bitwise equality, with ``--enable-deterministic-inference`` off and on
-   (set with ``get_exec().deterministic.override``), and the step time of each.
+   (set with ``get_exec().deterministic.override``), and the step time of each;
+4. the ``sdpa`` vision backend with --sdpa-images requests in one call, laid
+   out as one size, two sizes alternating and all sizes distinct: SDPA
+   launches per layer (counted at ``F.scaled_dot_product_attention``; the
+   series attends each distinct length with its own call, copying non-adjacent
+   images of one size together) and the batched vs per-request step time; when
+   the device's backend is another one, a second model with the same seeded
+   weights is built for ``sdpa`` and the other backend gets the distinct-sizes
+   row as the reference.
 
 The gate is pinned inside this process only (SGLang batches on CUDA anyway;
 on ROCm at TP1 it would not, so "batched" is what the series does with the DP
@@ -45,6 +55,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import NamedTuple, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -81,10 +92,14 @@ TINY_VISION = dict(
     deepstack_visual_indexes=[1],
 )
 BURST = "224x224:6,448x448:4,128x448:4,672x672:2"  # 16 requests, 8736 patches
-TINY_BURST = "64x64:6,128x128:4,64x128:4,192x192:2"  # 16 requests, 896 patches
+TINY_BURST = "64x64:6,128x128:4,64x128:4,192x192:2"  # 16 requests, 768 patches
 CAPS = "1024,2048,4096,none"
 TINY_CAPS = "1,64,256,none"
 TEXT_BEFORE, TEXT_AFTER = 5, 2  # text tokens around each request's image
+# The SDPA rows: this many single-image requests in one call, laid out as one
+# size, two sizes alternating, and all sizes distinct (widths base + 32 k).
+SDPA_IMAGES, SDPA_BASE = 8, 224
+TINY_SDPA_IMAGES, TINY_SDPA_BASE = 4, 64
 
 
 # ---------------------------------------------------------------------------
@@ -120,11 +135,8 @@ def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):
         init_distributed_environment,
         initialize_model_parallel,
     )
-    from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
-
-    from cpu_support.seeded_model import default_dtype, fill_weights_
 
     # The text side only has to build: the tiny model's one small layer, at the
     # tower's out_hidden_size.
@@ -155,12 +167,27 @@ def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):
         backend="nccl" if device == "cuda" else "gloo",
     )
     initialize_model_parallel(backend="nccl" if device == "cuda" else "gloo")
+    return build_model(config, device, dtype, seed=seed), config
 
-    with default_dtype(dtype), torch.device(device):
+
+def build_model(config, device: str, dtype, *, seed: int = 0, attention_backend: Optional[str] = None):
+    """The model on ``device`` with seeded weights (the same seed, the same
+    weights); ``attention_backend`` overrides the published vision attention
+    backend for this build only."""
+    import torch
+
+    from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
+    from sglang.srt.runtime_context import get_mm
+
+    from cpu_support.seeded_model import default_dtype, fill_weights_
+
+    backend = contextlib.nullcontext() if attention_backend is None else \
+        get_mm().override(mm_attention_backend=attention_backend)
+    with backend, default_dtype(dtype), torch.device(device):
         model = Qwen3VLForConditionalGeneration(config)
     # SGLang allocates parameters with torch.empty: fill them, seeded, on the device.
     fill_weights_(model, seed, device=device)
-    return model.to(device).eval(), config
+    return model.to(device).eval()
 
 
 # ---------------------------------------------------------------------------
@@ -229,7 +256,9 @@ def pinned_gate(batched: bool):
     from sglang.srt.managers import mm_schedule
 
     saved = mm_schedule._batch_vit_across_requests
-    mm_schedule._batch_vit_across_requests = lambda: batched
+    # Whatever arguments the gate takes (the series may pass the embedding
+    # function), the answer is pinned.
+    mm_schedule._batch_vit_across_requests = lambda *args, **kwargs: batched
     try:
         yield
     finally:
@@ -272,21 +301,104 @@ class Device:
             out["mib"] = m.mib
 
 
-def timed_step(model, requests, dev, *, cap=None, deterministic=False, batched=True):
-    """One step from an empty embedding cache: (output, seconds, encoder calls)."""
+def empty_embedding_cache() -> None:
+    """A fresh, empty embedding cache: every request of the next step misses."""
     from sglang.srt.managers import mm_schedule
+
+    mm_schedule.init_mm_embedding_cache(4 << 30)
+
+
+class Step(NamedTuple):
+    out: object  # the step's embedding rows
+    seconds: float
+    calls: list  # the grids of each encoder call
+    peak_mib: Optional[float]  # with measure_peak, else None
+
+
+def timed_step(model, requests, dev, *, cap=None, deterministic=False, batched=True, measure_peak=False):
+    """One step from an empty embedding cache.
+
+    The cache is emptied first, so the previous step's cached embeddings are
+    freed before anything is read; with ``measure_peak`` the memory start value
+    is read after that, and the peak covers the step alone.
+    """
     from sglang.srt.runtime_context import get_exec, get_mm
 
+    empty_embedding_cache()
     with pinned_gate(batched), get_mm().override(mm_max_encoder_patches_per_call=cap), \
             get_exec().deterministic.override(enable_deterministic_inference=deterministic), \
-            U.EncoderCallLog(model) as log:
-        mm_schedule.init_mm_embedding_cache(4 << 30)
+            U.EncoderCallLog(model) as log, \
+            (dev.peak() if measure_peak else contextlib.nullcontext({})) as mem:
         dev.sync()
         t0 = time.perf_counter()
         out = prefill_step(model, requests, dev.name)
         dev.sync()
         seconds = time.perf_counter() - t0
-    return out, seconds, log.calls
+    return Step(out, seconds, log.calls, mem.get("mib"))
+
+
+def sdpa_layouts(images: int, base: int):
+    """``(layout, grids)``: ``images`` single-image requests of height ``base``.
+
+    "one size": all ``base`` x ``base``; "2 sizes alternating": every other
+    image 32 px wider, so neither size's images sit next to each other in the
+    packed call; "N distinct sizes": widths ``base + 32 k``.
+    """
+    step = U.PATCH * U.MERGE
+
+    def grid(width):
+        return (1, base // U.PATCH, width // U.PATCH)
+
+    return [
+        ("one size", [grid(base)] * images),
+        ("2 sizes alternating", [grid(base + step * (i % 2)) for i in range(images)]),
+        (f"{images} distinct sizes", [grid(base + step * i) for i in range(images)]),
+    ]
+
+
+@contextlib.contextmanager
+def counting_sdpa():
+    """Count ``torch.nn.functional.scaled_dot_product_attention`` calls, the
+    way SGLang's SDPA vision backend reaches it (``F.<name>`` at call time)."""
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+    box = {"calls": 0}
+
+    def counted(*args, **kwargs):
+        box["calls"] += 1
+        return original(*args, **kwargs)
+
+    F.scaled_dot_product_attention = counted
+    try:
+        yield box
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def sdpa_rows(models, config, dev, args):
+    """Batched and per-request steps of the SDPA layouts, per backend."""
+    rows = []
+    depth = config.vision_config.depth
+    for layout, grids in sdpa_layouts(args.sdpa_images, args.sdpa_base):
+        requests = make_requests(grids, config, seed=7)
+        for backend, model in models:
+            if backend != "sdpa" and layout != f"{args.sdpa_images} distinct sizes":
+                continue  # the other backend only as the reference for the distinct case
+            row = dict(backend=backend, layout=layout, images=len(grids), distinct_sizes=len(set(grids)),
+                       patches=sum(U.patches(g) for g in grids))
+            for batched in (True, False):
+                timed_step(model, requests, dev, batched=batched)  # first call: compiles, caches
+                with counting_sdpa() as sdpa:
+                    _, _, calls, _ = timed_step(model, requests, dev, batched=batched)
+                times = [timed_step(model, requests, dev, batched=batched).seconds for _ in range(args.repeats)]
+                key = "batched" if batched else "per_request"
+                row[f"{key}_calls"] = len(calls)
+                row[f"{key}_ms"] = 1000 * statistics.median(times)
+                # SDPA launches per layer of each encoder call (0 for other backends).
+                row[f"{key}_sdpa_per_layer"] = sdpa["calls"] / (depth * len(calls))
+            rows.append(row)
+    return rows
 
 
 def compare(batched, alone, tokens):
@@ -342,8 +454,8 @@ def run(args):
         # 1. per-request vs batched, first (unseen shapes) vs warmed
         modes = []
         for batched in (False, True):
-            _, first, calls = timed_step(model, requests, dev, batched=batched)
-            warmed = [timed_step(model, requests, dev, batched=batched)[1] for _ in range(args.repeats)]
+            _, first, calls, _ = timed_step(model, requests, dev, batched=batched)
+            warmed = [timed_step(model, requests, dev, batched=batched).seconds for _ in range(args.repeats)]
             modes.append(dict(path="batched" if batched else "per-request", first_ms=1000 * first,
                               warm_ms=[1000 * s for s in warmed], warm_median_ms=1000 * statistics.median(warmed),
                               **U.summarize_calls(calls)))
@@ -353,10 +465,9 @@ def run(args):
         caps = []
         for cap in args.caps:
             timed_step(model, requests, dev, cap=cap)  # warm these call shapes
-            with dev.peak() as mem:
-                _, seconds, calls = timed_step(model, requests, dev, cap=cap)
-            more = [timed_step(model, requests, dev, cap=cap)[1] for _ in range(args.repeats - 1)]
-            caps.append(dict(cap=cap, peak_mib=mem["mib"], step_ms=1000 * statistics.median([seconds] + more),
+            _, seconds, calls, peak_mib = timed_step(model, requests, dev, cap=cap, measure_peak=True)
+            more = [timed_step(model, requests, dev, cap=cap).seconds for _ in range(args.repeats - 1)]
+            caps.append(dict(cap=cap, peak_mib=peak_mib, step_ms=1000 * statistics.median([seconds] + more),
                              **U.summarize_calls(calls)))
         report["caps"] = caps
 
@@ -364,11 +475,18 @@ def run(args):
         alone = alone_rows(model, requests)
         diffs = []
         for deterministic in (False, True):
-            out, _, calls = timed_step(model, requests, dev, deterministic=deterministic)
-            times = [timed_step(model, requests, dev, deterministic=deterministic)[1] for _ in range(args.repeats)]
+            out, _, calls, _ = timed_step(model, requests, dev, deterministic=deterministic)
+            times = [timed_step(model, requests, dev, deterministic=deterministic).seconds for _ in range(args.repeats)]
             diffs.append(dict(dtype=args.dtype, deterministic=deterministic, step_ms=1000 * statistics.median(times),
                               calls=len(calls), **compare(out, alone, tokens)))
         report["diffs"] = diffs
+
+        # 4. The SDPA vision backend: per-layer launches with distinct sizes in one call
+        models = [("sdpa", model if backend.startswith("sdpa ") else
+                   build_model(config, args.device, dtype, attention_backend="sdpa"))]
+        if not backend.startswith("sdpa "):
+            models.append((backend.split(" ")[0], model))
+        report["sdpa"] = sdpa_rows(models, config, dev, args)
     report["total_s"] = time.perf_counter() - t_start
     return report
 
@@ -422,6 +540,18 @@ def to_markdown(r) -> str:
               _fmt_cos(d["mean_token_cosine"], d["bitwise"]), _fmt_cos(d["min_token_cosine"], d["bitwise"])] for d in r["diffs"]],
             align="llrrrrrr",
         ),
+        "",
+        f"SDPA vision backend: {r['sdpa'][0]['images']} single-image requests in one call vs one call per request "
+        "(SDPA launches per layer of one encoder call):",
+        "",
+        U.markdown_table(
+            ["backend", "layout", "patches", "SDPA launches per layer, batched / per-request call",
+             "batched step median (ms)", "per-request step median (ms)"],
+            [[s["backend"], s["layout"], s["patches"],
+              f"{s['batched_sdpa_per_layer']:g} / {s['per_request_sdpa_per_layer']:g}",
+              f"{s['batched_ms']:.1f}", f"{s['per_request_ms']:.1f}"] for s in r["sdpa"]],
+            align="llrrrr",
+        ),
     ]
     return "\n".join(lines)
 
@@ -439,6 +569,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3, help="warmed steps per measurement (>= 1)")
     p.add_argument("--mm-attention-backend", default=None,
                    help="vision attention backend (default: sdpa on cpu, SGLang's choice on cuda)")
+    p.add_argument("--sdpa-images", type=int, default=None,
+                   help=f"requests in the SDPA rows' call (default {SDPA_IMAGES}; --tiny {TINY_SDPA_IMAGES})")
     p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU path")
     p.add_argument("--out", default=None, help="directory for gpu_vit_check.json and gpu_vit_check.md")
     args = p.parse_args(argv)
@@ -449,6 +581,11 @@ def parse_args(argv=None):
         args.burst = U.parse_burst(TINY_BURST if args.tiny else BURST)
     if args.caps is None:
         args.caps = U.caps_arg(TINY_CAPS if args.tiny else CAPS)
+    if args.sdpa_images is None:
+        args.sdpa_images = TINY_SDPA_IMAGES if args.tiny else SDPA_IMAGES
+    if args.sdpa_images < 2:
+        p.error("--sdpa-images must be at least 2")
+    args.sdpa_base = TINY_SDPA_BASE if args.tiny else SDPA_BASE
     if args.device == "cpu" and args.mm_attention_backend is None:
         args.mm_attention_backend = "sdpa"
     return args

@@ -4,8 +4,10 @@ The script is the product (it is what runs when a GPU is lent), so it runs
 as a subprocess, exactly as documented, and the test checks that what it
 wrote holds together: call counts that follow from the burst and the caps,
 non-negative times and memory, the bf16 batched-vs-alone rows with
-deterministic inference off and on (on: bitwise), and a markdown table that
-shows the numbers of the JSON.
+deterministic inference off and on (on: bitwise), the SDPA rows' launches
+per layer (one per distinct image size in the call), and a markdown table that
+shows the numbers of the JSON. One more test runs the check in a process that
+records the embedding cache at the moment each peak-memory measurement starts.
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -16,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -118,6 +121,21 @@ def test_bf16_batched_vs_alone_rows(run):
     assert rows[False]["calls"] == 1
 
 
+def test_sdpa_rows_launch_once_per_distinct_size(run):
+    report, _, _ = run
+    rows = report["sdpa"]
+    assert [r["layout"] for r in rows] == ["one size", "2 sizes alternating", "4 distinct sizes"]
+    assert [r["distinct_sizes"] for r in rows] == [1, 2, 4]
+    for r in rows:
+        assert r["backend"] == "sdpa" and r["images"] == 4
+        # One encoder call attends each distinct length with its own SDPA call
+        # per layer; a call per request attends its one image once per layer.
+        assert r["batched_calls"] == 1 and r["per_request_calls"] == r["images"]
+        assert r["batched_sdpa_per_layer"] == r["distinct_sizes"]
+        assert r["per_request_sdpa_per_layer"] == 1
+        assert r["batched_ms"] >= 0 and r["per_request_ms"] >= 0
+
+
 def test_markdown_shows_the_json(run):
     report, markdown, stdout = run
     assert markdown.strip() in stdout
@@ -134,9 +152,56 @@ def test_markdown_shows_the_json(run):
         ("bfloat16", "on" if d["deterministic"] else "off",
          f"{d['bitwise_equal_images']} / {d['images']}", f"{d['max_abs_diff']:.3g}") for d in report["diffs"]
     ]
+    sdpa = _table_rows(markdown, "backend")
+    assert [(r[0], r[1], r[3], r[4]) for r in sdpa] == [
+        (s["backend"], s["layout"], f"{s['batched_sdpa_per_layer']:g} / {s['per_request_sdpa_per_layer']:g}",
+         f"{s['batched_ms']:.1f}") for s in report["sdpa"]
+    ]
 
 
-@pytest.mark.parametrize("bad", [["--caps", "0"], ["--burst", "100x64:2"], ["--repeats", "0"]])
+# Runs the check's run() with a Device whose peak() first notes how many bytes
+# the embedding cache holds: the start value is read right after, so anything
+# still cached then is freed inside the measurement and lowers the peak.
+_OBSERVE_PEAK_START = textwrap.dedent("""
+    import contextlib, json, sys
+    sys.path.insert(0, sys.argv[1])
+    import gpu_vit_check as G
+    G._prepare_process("cpu")
+    from sglang.srt.managers import mm_schedule
+
+    cached_at_start = []
+
+    class Observed(G.Device):
+        @contextlib.contextmanager
+        def peak(self):
+            cache = mm_schedule.embedding_cache
+            cached_at_start.append(0 if cache is None else cache.current_size)
+            with super().peak() as out:
+                yield out
+
+    G.Device = Observed
+    report = G.run(G.parse_args(["--tiny", "--repeats", "1", "--burst", "64x64:2,128x128:1",
+                                 "--caps", "64,none", "--sdpa-images", "2"]))
+    print(json.dumps(dict(cached_at_start=cached_at_start, caps=[c["cap"] for c in report["caps"]])))
+""")
+
+
+def test_peak_memory_starts_from_an_empty_embedding_cache(tmp_path):
+    probe = tmp_path / "observe_peak_start.py"
+    probe.write_text(_OBSERVE_PEAK_START)
+    # MALLOC_* set: _prepare_process must not re-exec this probe.
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
+    proc = subprocess.run([sys.executable, str(probe), str(SCRIPT.parent)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    # One measurement per cap row, each after the previous step's embeddings left the cache.
+    assert seen["caps"] == [64, None]
+    assert seen["cached_at_start"] == [0, 0], seen
+
+
+@pytest.mark.parametrize("bad", [["--caps", "0"], ["--burst", "100x64:2"], ["--repeats", "0"], ["--sdpa-images", "1"]])
 def test_bad_input_is_one_clear_line(bad):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--tiny", *bad], cwd=REPO, capture_output=True, text=True, timeout=120
