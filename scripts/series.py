@@ -2,7 +2,7 @@
 """Apply, check, revert and maintain the fork's patch series over SGLang.
 
 The fork is not a copy of SGLang. It is a *patch series* over a pinned PyPI
-release of the ``sglang`` package, plus an *overlay* of new modules:
+release of the ``sglang`` package, and nothing else:
 
 * ``patches/series`` lists the patch files in the order they apply (one name a
   line; blank lines and ``#`` comments are ignored).
@@ -10,11 +10,16 @@ release of the ``sglang`` package, plus an *overlay* of new modules:
   are ``a/sglang/...``: relative to the directory that HOLDS the ``sglang``
   package (``site-packages`` of an install, ``python/`` of a source checkout
   such as ``/sgl-workspace/sglang/python`` in the ROCm docker image).
-* Every file under the repository's ``python/sglang/**`` (``__pycache__`` and
-  ``*.pyc`` skipped) is a NEW module the series adds at that upstream path.
+* A new module is created (``new file mode``) by the patch that first uses
+  it, so every commit of ``import`` is a complete change.
 
-The series hash is a sha256 over the series file, every patch's bytes, and
-every overlay file's relative path and bytes; ``apply`` records it in a stamp.
+The series hash is a sha256 over the series file and every patch's name and
+bytes; ``apply`` records it in a stamp.
+
+Targets applied by an older version of this tool may carry a stamp that lists
+"overlay" files (new modules that the old series copied in). They count as
+files the applied series created: ``revert`` removes them, and ``check`` and
+``apply --replace`` treat them as absent upstream.
 
 Subcommands (each takes ``--target DIR``, the directory that holds ``sglang/``)
 
@@ -31,7 +36,8 @@ Subcommands (each takes ``--target DIR``, the directory that holds ``sglang/``)
            version that is not a supported base (``--force`` overrides only
            this check), and a target where a different series is applied.
   revert   restores the upstream files byte-identically from the backups,
-           removes overlay files and the stamp ("not applied" when nothing is).
+           removes the files the series created and the stamp ("not
+           applied" when nothing is).
   status   the sglang version, whether a series is applied (the current one
            or a different one) and which patches; ``--json`` for scripts.
 
@@ -40,15 +46,13 @@ git-export-patches)
 
   import   turn a pristine tree into a git repository: one commit with the
            pristine ``sglang/`` (tag ``upstream-<version>``, branch
-           ``upstream``), one commit per patch (``git am --3way``), then one
-           "fork overlay" commit with the overlay files.
+           ``upstream``), then one commit per patch (``git am --3way``).
   (edit)   ordinary git in that repository: ``git commit --fixup=<sha>``,
            ``git rebase -i --autosquash upstream``, new commits for new
-           patches, ``git commit --fixup`` onto "fork overlay" for overlay
-           files.
+           patches (a new file goes into the commit that first uses it).
   export   write ``upstream..HEAD`` back as patch files (one per commit, name
-           = slug of the subject) and rewrite ``series`` in commit order;
-           changes to overlay paths go back to ``python/sglang/...``.
+           = slug of the subject, new files included) and rewrite ``series``
+           in commit order.
   rebase   commit a new release's pristine ``sglang/`` as the new upstream
            and ``git rebase --onto`` it (3-way); a conflict stops with the
            patch and files named; resolve, ``git rebase --continue``, export,
@@ -77,7 +81,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SERIES_DIR = REPO / "patches"
-DEFAULT_OVERLAY_DIR = REPO / "python"
 SUPPORTED_BASES = ("0.5.22", "0.5.23")
 
 PKG = "sglang"
@@ -89,7 +92,6 @@ STAMP_FORMAT = 1
 
 WORK_BRANCH = "fork"
 UPSTREAM_BRANCH = "upstream"
-OVERLAY_SUBJECT = "fork overlay"
 UPSTREAM_IDENT = ("sglang upstream", "upstream@sglang.invalid")
 FALLBACK_IDENT = ("series.py", "series.py@localhost")
 
@@ -219,10 +221,8 @@ class Patch:
 @dataclass
 class Series:
     series_dir: Path
-    overlay_dir: Path
     header: list[str]
     patches: list[Patch]
-    overlay: list[str]  # "sglang/..." relative paths
     hash: str
 
     @property
@@ -302,21 +302,6 @@ def parse_patch(name: str, data: bytes) -> Patch:
     return Patch(name=name, data=data, files=files)
 
 
-def _overlay_files(overlay_dir: Path) -> list[str]:
-    root = overlay_dir / PKG
-    if not root.is_dir():
-        return []
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        for fn in sorted(filenames):
-            if fn.endswith((".pyc", ".pyo")):
-                continue
-            full = Path(dirpath) / fn
-            out.append(full.relative_to(overlay_dir).as_posix())
-    return sorted(out)
-
-
 def read_series_names(series_dir: Path) -> tuple[list[str], list[str]]:
     """(header comment lines, patch names) of a series file."""
     path = series_dir / "series"
@@ -338,9 +323,8 @@ def read_series_names(series_dir: Path) -> tuple[list[str], list[str]]:
     return header, names
 
 
-def load_series(series_dir: Path, overlay_dir: Path) -> Series:
+def load_series(series_dir: Path) -> Series:
     series_dir = series_dir.resolve()
-    overlay_dir = overlay_dir.resolve()
     header, names = read_series_names(series_dir)
     h = hashlib.sha256()
     h.update(b"series\0")
@@ -353,17 +337,9 @@ def load_series(series_dir: Path, overlay_dir: Path) -> Series:
         data = p.read_bytes()
         patches.append(parse_patch(name, data))
         h.update(b"\0patch\0" + name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
-    overlay = _overlay_files(overlay_dir)
-    for rel in overlay:
-        data = (overlay_dir / rel).read_bytes()
-        h.update(b"\0overlay\0" + rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
-    series = Series(series_dir, overlay_dir, header, patches, overlay, h.hexdigest())
-    clash = sorted(set(overlay) & set(series.touched()))
-    if clash:
-        raise SeriesError(
-            f"{clash[0]} is both an overlay file (under {overlay_dir}) and patched by the series"
-        )
-    return series
+    # (Older versions of this tool also hashed "overlay" files here; with none,
+    # the hash is the same, so a patch-only series stays "already applied".)
+    return Series(series_dir, header, patches, h.hexdigest())
 
 
 # --------------------------------------------------------------------------
@@ -565,17 +541,39 @@ def stage_series(series: Series, sources: dict[str, Path], work: Path) -> tuple[
     return tree, failures
 
 
+def _created_by(stamp: dict | None) -> set[str]:
+    """The files the applied series created: absent from the upstream tree.
+
+    A new file of a patch is in the stamp's "files" with existed false; a
+    stamp written by an older version of this tool also lists the files its
+    overlay copied in under "overlay"."""
+    if not stamp:
+        return set()
+    created = {e["path"] for e in stamp["files"] if not e["existed"]}
+    created.update(stamp.get("overlay", []))
+    return created
+
+
 def _pristine_sources(target: Path, series: Series, stamp: dict | None) -> dict[str, Path]:
-    """Where each touched file's upstream bytes are (backups if applied)."""
+    """Where each touched file's upstream bytes are: in the target, in the
+    backups of the applied series, or nowhere (a file that does not exist
+    upstream, including every file the applied series created)."""
     backups: dict[str, dict] = {}
     if stamp:
-        backups = {e["path"]: e for e in stamp["files"]}
+        backups = {e["path"]: e for e in stamp["files"] if e["existed"]}
+    created = _created_by(stamp)
     stamp_dir, _ = _stamp_paths(target)
     out = {}
     for rel in series.touched():
         if rel in backups:
-            if backups[rel]["existed"]:
-                out[rel] = stamp_dir / ORIGINALS / rel
+            b = stamp_dir / ORIGINALS / rel
+            if not b.is_file():
+                raise SeriesError(
+                    f"the backup of {rel} is missing from {stamp_dir}; cannot tell its upstream bytes"
+                )
+            out[rel] = b
+            continue
+        if rel in created:
             continue
         src = target / rel
         if src.is_symlink():
@@ -597,7 +595,7 @@ def _open_target(args) -> tuple[Path, str | None, dict | None, Series]:
     sglang), its sglang version, its stamp (None when no series is applied)
     and the series of this checkout."""
     target = require_sglang(Path(args.target).resolve())
-    series = load_series(args.series_dir, args.overlay_dir)
+    series = load_series(args.series_dir)
     return target, sglang_version(target), read_stamp(target), series
 
 
@@ -612,32 +610,18 @@ def cmd_check(args) -> int:
     if stamp:
         print(f"note: a series is applied to {target}; checking against its upstream backups")
     sources = _pristine_sources(target, series, stamp)
-    overlay_problems = []
-    applied_overlay = set(stamp.get("overlay", [])) if stamp else set()
-    for rel in series.overlay:
-        dst = target / rel
-        if rel in applied_overlay:
-            continue
-        if dst.exists() and (not dst.is_file() or dst.read_bytes() != (series.overlay_dir / rel).read_bytes()):
-            overlay_problems.append(f"FAILED overlay: {rel} already exists in the target with different content")
     with tempfile.TemporaryDirectory(prefix="series-check-") as tmp:
         _, failures = stage_series(series, sources, Path(tmp))
     for f in failures:
         print(f.line())
-    for line in overlay_problems:
-        print(line)
-    if failures or overlay_problems:
+    if failures:
         print(
             f"series.py: error: {len(failures)} of {len(series.patches)} patch(es) do not apply to "
-            f"sglang {version} at {target}"
-            + (f"; {len(overlay_problems)} overlay conflict(s)" if overlay_problems else ""),
+            f"sglang {version} at {target}",
             file=sys.stderr,
         )
         return EXIT_CHECK_FAILED
-    print(
-        f"ok: {len(series.patches)} patch(es) and {len(series.overlay)} overlay file(s) "
-        f"apply cleanly to sglang {version} at {target}"
-    )
+    print(f"ok: {len(series.patches)} patch(es) apply cleanly to sglang {version} at {target}")
     return 0
 
 
@@ -674,24 +658,12 @@ def cmd_apply(args) -> int:
     require_supported(target, version, args.force)
 
     sources = _pristine_sources(target, series, None)
-    overlay_new, overlay_same = [], []
-    for rel in series.overlay:
-        dst = target / rel
-        if dst.is_symlink() or (dst.exists() and not dst.is_file()):
-            raise SeriesError(f"{dst} exists and is not a regular file; refusing to overlay it")
-        if dst.exists():
-            if dst.read_bytes() != (series.overlay_dir / rel).read_bytes():
-                raise SeriesError(
-                    f"{dst} already exists with different content; refusing to overwrite it "
-                    f"with the overlay file {series.overlay_dir / rel}"
-                )
-            overlay_same.append(rel)
-        else:
-            for d in _missing_dirs(target, rel):
-                p = target / d
-                if p.exists() and not p.is_dir():
-                    raise SeriesError(f"{p} is not a directory; cannot place {rel} there")
-            overlay_new.append(rel)
+    for rel in series.touched():
+        parts = rel.split("/")[:-1]
+        for i in range(2, len(parts) + 1):
+            p = target.joinpath(*parts[:i])
+            if p.exists() and not p.is_dir():
+                raise SeriesError(f"{p} is not a directory; cannot place {rel} there")
 
     with tempfile.TemporaryDirectory(prefix="series-apply-") as tmp:
         tree, failures = stage_series(series, sources, Path(tmp))
@@ -702,17 +674,17 @@ def cmd_apply(args) -> int:
                 f"{len(failures)} of {len(series.patches)} patch(es) do not apply to sglang "
                 f"{version} at {target}; target left unchanged"
             )
-        _commit_apply(target, series, version, tree, overlay_new, overlay_same)
+        _commit_apply(target, series, version, tree)
     print(
-        f"applied series {series.hash[:12]}: {len(series.patches)} patch(es), "
-        f"{len(overlay_new)} overlay file(s) to sglang {version} at {target}"
+        f"applied series {series.hash[:12]}: {len(series.patches)} patch(es) "
+        f"to sglang {version} at {target}"
     )
     for name in series.names:
         print(f"  {name}")
     return 0
 
 
-def _commit_apply(target, series, version, tree, overlay_new, overlay_same) -> None:
+def _commit_apply(target, series, version, tree) -> None:
     stamp_dir, partial = _stamp_paths(target)
     touched = series.touched()
     files = []
@@ -733,19 +705,12 @@ def _commit_apply(target, series, version, tree, overlay_new, overlay_same) -> N
             entry["applied_sha256"] = None
             deletes.append(target / rel)
         files.append(entry)
-    for rel in overlay_new:
-        for d in _missing_dirs(target, rel):
-            if d not in created_dirs:
-                created_dirs.append(d)
-        writes.append((series.overlay_dir / rel, target / rel))
 
     stamp = {
         "format": STAMP_FORMAT,
         "tool": "scripts/series.py",
         "series_hash": series.hash,
         "patches": series.names,
-        "overlay": overlay_new,
-        "overlay_preexisting": overlay_same,
         "files": files,
         "created_dirs": created_dirs,
         "sglang_version": version,
@@ -798,6 +763,7 @@ def _undo(target: Path, stamp_dir: Path, stamp: dict) -> str | None:
                 dst.unlink()
         except OSError as exc:
             problem = problem or f"{entry['path']}: {exc}"
+    # A stamp of an older version of this tool: the overlay files it copied in.
     for rel in stamp.get("overlay", []):
         dst = target / rel
         try:
@@ -874,7 +840,6 @@ def cmd_status(args) -> int:
         "current": current,
         "series_hash": stamp["series_hash"] if stamp else None,
         "patches": list(stamp["patches"]) if stamp else [],
-        "overlay_files": list(stamp.get("overlay", [])) if stamp else [],
         "supported_base": version in SUPPORTED_BASES,
         "current_series_hash": series.hash,
     }
@@ -897,8 +862,6 @@ def cmd_status(args) -> int:
         print("patches:")
         for name in stamp["patches"]:
             print(f"  {name}")
-        for rel in stamp.get("overlay", []):
-            print(f"overlay: {rel}")
     return 0
 
 
@@ -1023,7 +986,7 @@ def cmd_import(args) -> int:
             f"a series is applied to {repo} by `series.py apply`; import needs a pristine tree "
             f"(run `series.py revert --target {repo}` first)"
         )
-    series = load_series(args.series_dir, args.overlay_dir)
+    series = load_series(args.series_dir)
     version = sglang_version(repo)
     top = _inside_work_tree_with_commits(repo)
     if top and not args.force:
@@ -1031,10 +994,6 @@ def cmd_import(args) -> int:
             f"{repo} is already inside a git work tree with commits ({top}); pass --force to import "
             f"anyway (a repository of its own at {repo}, or a re-import if it is one)"
         )
-    for rel in series.overlay:
-        dst = repo / rel
-        if dst.exists() and (not dst.is_file() or dst.read_bytes() != (series.overlay_dir / rel).read_bytes()):
-            raise SeriesError(f"{dst} already exists with different content; the tree is not pristine")
 
     if _own_git_dir(repo) is None:
         _git(["init", "-q", "-b", WORK_BRANCH], cwd=repo)
@@ -1084,30 +1043,9 @@ def cmd_import(args) -> int:
                 f"run `git -C {repo} am --continue`, then `series.py export --target {repo}`"
             )
 
-    if series.overlay:
-        for rel in series.overlay:
-            dst = repo / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(series.overlay_dir / rel, dst)
-        _git(["add", "-f", "--", *series.overlay], cwd=repo)
-        _git(
-            [
-                "commit",
-                "-q",
-                "--no-verify",
-                "--no-gpg-sign",
-                "-m",
-                OVERLAY_SUBJECT,
-                "-m",
-                "New modules the series adds at upstream paths. `series.py export`\n"
-                "writes them back to python/sglang/ of the fork repository.",
-            ],
-            cwd=repo,
-        )
     print(
         f"imported sglang {version} + {len(series.patches)} patch(es)"
-        + (f" + {len(series.overlay)} overlay file(s)" if series.overlay else "")
-        + f" into {repo} (branch {WORK_BRANCH}; base: branch {UPSTREAM_BRANCH} = tag upstream-{version})"
+        f" into {repo} (branch {WORK_BRANCH}; base: branch {UPSTREAM_BRANCH} = tag upstream-{version})"
     )
     print(
         "edit with ordinary git:\n"
@@ -1126,7 +1064,6 @@ def cmd_export(args) -> int:
     repo = Path(args.target).resolve()
     _require_imported(repo)
     series_dir = Path(args.series_dir).resolve()
-    overlay_dir = Path(args.overlay_dir).resolve()
     commits = _out(
         _git(["rev-list", "--reverse", "--topo-order", f"{UPSTREAM_BRANCH}..HEAD"], cwd=repo)
     ).split()
@@ -1140,11 +1077,12 @@ def cmd_export(args) -> int:
 
     subjects = {c: _out(_git(["log", "-1", "--format=%s", c], cwd=repo)).strip() for c in commits}
     touched = {c: changed(c) for c in commits}
-    overlay_paths = set(_overlay_files(overlay_dir))
     for c in commits:
-        if subjects[c] == OVERLAY_SUBJECT:
-            overlay_paths.update(touched[c])
-    for c in commits:
+        if not touched[c]:
+            raise SeriesError(
+                f"commit {c[:12]} ({subjects[c]}) changes nothing; drop it "
+                f"(`git rebase -i {UPSTREAM_BRANCH}`) before exporting"
+            )
         for p in touched[c]:
             if not p.startswith(PKG + "/"):
                 raise SeriesError(
@@ -1156,41 +1094,23 @@ def cmd_export(args) -> int:
     used: set[str] = set()
     fmt_env = _git_env(isolated=True)
     for c in commits:
-        if not [p for p in touched[c] if p not in overlay_paths]:
-            continue
         name = slug(subjects[c])
         n = 2
         while name in used:
             name = f"{slug(subjects[c])}-{n}"
             n += 1
         used.add(name)
-        excludes = [f":(exclude,literal){p}" for p in sorted(overlay_paths)]
         proc = _git(
             [
                 "-c", "core.abbrev=7",
                 "format-patch", "--stdout", "--no-numbered", "--zero-commit", "--no-signature",
                 "--no-stat", "--diff-algorithm=myers",
-                f"{c}^..{c}", "--", ".", *excludes,
+                f"{c}^..{c}",
             ],
             cwd=repo,
             env=fmt_env,
         )
         patches.append((name + ".patch", proc.stdout))
-
-    head_files = set(
-        p for p in _out(_git(["ls-tree", "-r", "-z", "--name-only", "HEAD"], cwd=repo)).split("\0") if p
-    )
-    history_paths = {p for c in commits for p in touched[c]}
-    overlay_write: list[tuple[str, bytes]] = []
-    overlay_remove: list[str] = []
-    for rel in sorted(overlay_paths):
-        if rel in head_files:
-            data = _git(["cat-file", "blob", f"HEAD:{rel}"], cwd=repo).stdout
-            dst = overlay_dir / rel
-            if not dst.is_file() or dst.read_bytes() != data:
-                overlay_write.append((rel, data))
-        elif rel in history_paths and (overlay_dir / rel).exists():
-            overlay_remove.append(rel)
 
     # All computed; now write.
     series_dir.mkdir(parents=True, exist_ok=True)
@@ -1214,15 +1134,9 @@ def cmd_export(args) -> int:
         if old not in new_names and old.endswith(".patch") and (series_dir / old).is_file():
             (series_dir / old).unlink()
             removed.append(old)
-    for rel, data in overlay_write:
-        dst = overlay_dir / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes(data)
-    for rel in overlay_remove:
-        (overlay_dir / rel).unlink()
     print(
         f"exported {len(new_names)} patch(es) to {series_dir} ({len(written)} changed, "
-        f"{len(removed)} removed); overlay: {len(overlay_write)} written, {len(overlay_remove)} removed"
+        f"{len(removed)} removed)"
     )
     for name in new_names:
         print(f"  {name}{'  (changed)' if name in written else ''}")
@@ -1317,12 +1231,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SERIES_DIR,
         help="directory holding `series` and the *.patch files (default: %(default)s)",
     )
-    p.add_argument(
-        "--overlay-dir",
-        type=Path,
-        default=DEFAULT_OVERLAY_DIR,
-        help="directory whose sglang/** files are new modules the series adds (default: %(default)s)",
-    )
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
@@ -1351,7 +1259,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_apply,
         "apply the series atomically and idempotently",
         "Stage the touched files in a temporary directory, apply every patch there with\n"
-        "git apply, and only if all applied copy the results and the overlay files into the\n"
+        "git apply, and only if all applied copy the results (new files included) into the\n"
         f"target. Byte-exact backups and stamp.json go to TARGET/sglang/{STAMP_DIR}/.\n"
         "Applying the same series again is a no-op (\"already applied\").",
     )
@@ -1365,9 +1273,10 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "revert",
         cmd_revert,
-        "restore the upstream files byte-identically and remove overlay files and the stamp",
-        "Restore every file the series changed from its backup, remove the overlay files\n"
-        "and directories it created, and remove the stamp. \"not applied\" (exit 0) if none.",
+        "restore the upstream files byte-identically and remove the files the series created",
+        "Restore every file the series changed from its backup, remove the files and\n"
+        "directories it created (also the overlay files that older versions of this tool\n"
+        "copied in), and remove the stamp. \"not applied\" (exit 0) if none.",
     )
     sp = add(
         "status",
@@ -1384,8 +1293,8 @@ def build_parser() -> argparse.ArgumentParser:
         "make DIR (a pristine tree) a git repo with one commit per patch",
         "DIR must hold a pristine sglang. It becomes a git repository (only sglang/ is\n"
         f"tracked): the pristine package as one commit (tag upstream-<version>, branch\n"
-        f"{UPSTREAM_BRANCH}), then `git am --3way` of every patch in series order, then one\n"
-        f"\"{OVERLAY_SUBJECT}\" commit with the overlay files. Edit with ordinary git, then export.\n"
+        f"{UPSTREAM_BRANCH}), then `git am --3way` of every patch in series order. Edit with\n"
+        "ordinary git, then export.\n"
         "A patch that does not apply stops with the patch and files named: resolve, git add,\n"
         "`git am --continue`, then export.",
     )
@@ -1401,8 +1310,7 @@ def build_parser() -> argparse.ArgumentParser:
         "One patch per commit in upstream..HEAD (git format-patch --no-numbered --zero-commit\n"
         "--no-signature --no-stat), named after the subject (lowercase, '-' separated), and\n"
         "`series` rewritten in commit order; patch files dropped from the series are removed.\n"
-        f"Changes to overlay paths (files under --overlay-dir, and files of the\n"
-        f"\"{OVERLAY_SUBJECT}\" commit) are written back to --overlay-dir instead.",
+        "A new file goes into the patch of the commit that adds it.",
     )
     sp = add(
         "rebase",

@@ -2,8 +2,8 @@
 
 The CLI is the product, so every test runs it as a subprocess. Pristine trees
 come from the release wheels in .cache/wheels (scripts/setup_env.sh downloads
-them); only sglang/version.py, sglang/_version.py and the files the series
-touches are extracted, which keeps every test fast.
+them); only sglang/version.py, sglang/_version.py and the upstream files the
+series touches are extracted, which keeps every test fast.
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -26,7 +26,6 @@ SCRIPT = REPO / "scripts" / "series.py"
 PATCHES = REPO / "patches"
 WHEELS = REPO / ".cache" / "wheels"
 VERSIONS = ("0.5.22", "0.5.23")
-GATE = "gate-cross-request-vit-batching-by-platform.patch"
 MM_SCHEDULE = "sglang/srt/managers/mm_schedule.py"
 MM_UTILS = "sglang/srt/multimodal/mm_utils.py"
 GIT_ID = ["-c", "user.name=Series Test", "-c", "user.email=series-test@example.invalid"]
@@ -40,19 +39,58 @@ def real_series_names() -> list[str]:
     return [l.strip() for l in lines if l.strip() and not l.strip().startswith("#")]
 
 
-def touched_by(series_dir: Path) -> set[str]:
-    out = set()
+def _diff_sections(series_dir: Path):
+    """(path, creates) for every file section of every patch, in series order."""
     names = [
         l.strip()
         for l in (series_dir / "series").read_text().splitlines()
         if l.strip() and not l.strip().startswith("#")
     ]
     for name in names:
+        path = None
         for line in (series_dir / name).read_text().splitlines():
             m = re.match(r"^diff --git a/(\S+) b/(\S+)$", line)
             if m:
-                out.update(m.groups())
+                if path:
+                    yield path, False
+                path = m.group(2)
+            elif path and line.startswith("new file mode"):
+                yield path, True
+                path = None
+        if path:
+            yield path, False
+
+
+def created_by(series_dir: Path) -> set[str]:
+    """Files the series creates (the first patch that names them adds them)."""
+    seen, out = set(), set()
+    for path, creates in _diff_sections(series_dir):
+        if path not in seen and creates:
+            out.add(path)
+        seen.add(path)
     return out
+
+
+def touched_by(series_dir: Path) -> set[str]:
+    """Upstream files the series changes (the files it creates left out)."""
+    return {path for path, _ in _diff_sections(series_dir)} - created_by(series_dir)
+
+
+def subject_of(patch: Path) -> str:
+    """The Subject of a git-format patch, without "[PATCH] ", unfolded."""
+    lines = patch.read_text().splitlines()
+    i = next(i for i, l in enumerate(lines) if l.startswith("Subject: "))
+    subject = lines[i][len("Subject: "):]
+    for cont in lines[i + 1:]:
+        if not cont.startswith((" ", "\t")):
+            break
+        subject += " " + cont.strip()
+    return subject.removeprefix("[PATCH] ")
+
+
+# The first patch of the live series: the gate. The tests that break or
+# extend the series build on it (it touches both files below).
+GATE = real_series_names()[0]
 
 
 def wheel(version: str) -> Path:
@@ -93,12 +131,10 @@ def pristine(pristine_cache, tmp_path):
     return make
 
 
-def run(*args, series_dir=None, overlay_dir=None, env=None, cwd=None):
+def run(*args, series_dir=None, env=None, cwd=None):
     cmd = [sys.executable, str(SCRIPT)]
     if series_dir is not None:
         cmd += ["--series-dir", str(series_dir)]
-    if overlay_dir is not None:
-        cmd += ["--overlay-dir", str(overlay_dir)]
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(
@@ -134,12 +170,6 @@ def one_error_line(proc, *needles):
     return lines[0]
 
 
-def empty_overlay(tmp_path) -> Path:
-    d = tmp_path / "no-overlay"
-    d.mkdir(exist_ok=True)
-    return d
-
-
 def copy_series(tmp_path, name="series") -> Path:
     d = tmp_path / name
     d.mkdir()
@@ -149,16 +179,20 @@ def copy_series(tmp_path, name="series") -> Path:
     return d
 
 
-def make_patch(workdir: Path, rel: str, before: bytes, after: bytes, subject: str) -> bytes:
-    """A genuine git format-patch of one file change (made with git itself)."""
+def make_patch(workdir: Path, rel: str, before: bytes | None, after: bytes, subject: str) -> bytes:
+    """A genuine git format-patch of one file change (made with git itself);
+    before=None makes a patch that creates the file."""
     workdir.mkdir(parents=True)
     git(workdir, "init", "-q")
+    git(workdir, "commit", "-q", "--allow-empty", "-m", "base")
     (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
-    (workdir / rel).write_bytes(before)
-    git(workdir, "add", rel)
-    git(workdir, "commit", "-q", "-m", "base")
+    if before is not None:
+        (workdir / rel).write_bytes(before)
+        git(workdir, "add", rel)
+        git(workdir, "commit", "-q", "-m", "upstream")
     (workdir / rel).write_bytes(after)
-    git(workdir, "commit", "-q", "-am", subject)
+    git(workdir, "add", rel)
+    git(workdir, "commit", "-q", "-m", subject)
     return subprocess.run(
         ["git", "format-patch", "--stdout", "-1", "--no-numbered", "--zero-commit",
          "--no-signature", "--no-stat"],
@@ -189,38 +223,58 @@ def edit_lines(data: bytes, numbers, suffix=b"  # fork") -> bytes:
     return b"\n".join(lines)
 
 
+def one_patch_series(tmp_path, name: str, patches: dict[str, bytes]) -> Path:
+    """A series directory holding the given patches, in that order."""
+    d = tmp_path / name
+    d.mkdir()
+    for fname, data in patches.items():
+        (d / fname).write_bytes(data)
+    (d / "series").write_text("".join(f + "\n" for f in patches))
+    return d
+
+
+def assert_series_applied(tree: Path, before: dict):
+    """Every upstream file the live series touches changed, every file it
+    creates exists now and did not before."""
+    after = snapshot(tree)
+    for rel in touched_by(PATCHES):
+        assert after[rel] != before[rel], f"{rel} was not patched"
+    for rel in created_by(PATCHES):
+        assert rel not in before and isinstance(after.get(rel), bytes), f"{rel} was not created"
+
+
 # ---------------------------------------------------------------- check / apply / revert
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_check_real_series_on_pristine(pristine, tmp_path, version):
+def test_check_real_series_on_pristine(pristine, version):
     tree = pristine(version)
     before = snapshot(tree)
-    r = run("check", "--target", tree, overlay_dir=empty_overlay(tmp_path))
+    r = run("check", "--target", tree)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"sglang {version}" in r.stdout
+    assert f"ok: {len(real_series_names())} patch(es) apply cleanly to sglang {version}" in r.stdout
     assert snapshot(tree) == before, "check must never write to the target"
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_apply_twice_then_revert_is_byte_identical(pristine, tmp_path, version):
+def test_apply_twice_then_revert_is_byte_identical(pristine, version):
     tree = pristine(version)
-    ov = empty_overlay(tmp_path)
     before = snapshot(tree)
-    r = run("apply", "--target", tree, overlay_dir=ov)
+    assert created_by(PATCHES), "the live series creates new modules; this test covers them"
+    r = run("apply", "--target", tree)
     assert r.returncode == 0, r.stderr
-    after = snapshot(tree)
-    for rel in touched_by(PATCHES):
-        assert after[rel] != before[rel], f"{rel} was not patched"
-    assert b"def hip_dp_encoder_batches_vit" in (tree / MM_UTILS).read_bytes()
+    assert_series_applied(tree, before)
+    assert any(b"def hip_dp_encoder_batches_vit" in (tree / rel).read_bytes()
+               for rel in touched_by(PATCHES) | created_by(PATCHES))
     assert (tree / "sglang" / ".fork-series" / "stamp.json").is_file()
+    after = snapshot(tree)
 
-    r = run("apply", "--target", tree, overlay_dir=ov)
+    r = run("apply", "--target", tree)
     assert r.returncode == 0, r.stderr
     assert "already applied" in r.stdout
     assert snapshot(tree) == after, "second apply must be a no-op"
 
-    r = run("status", "--target", tree, "--json", overlay_dir=ov)
+    r = run("status", "--target", tree, "--json")
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
     assert {"target", "sglang_version", "applied", "current", "series_hash", "patches"} <= set(st)
@@ -229,12 +283,12 @@ def test_apply_twice_then_revert_is_byte_identical(pristine, tmp_path, version):
     assert st["patches"] == real_series_names()
     assert re.fullmatch(r"[0-9a-f]{64}", st["series_hash"])
 
-    r = run("revert", "--target", tree, overlay_dir=ov)
+    r = run("revert", "--target", tree)
     assert r.returncode == 0, r.stderr
     assert snapshot(tree) == before, "revert must restore every byte and leave no extra files"
-    r = run("revert", "--target", tree, overlay_dir=ov)
+    r = run("revert", "--target", tree)
     assert r.returncode == 0 and "not applied" in r.stdout
-    st = json.loads(run("status", "--target", tree, "--json", overlay_dir=ov).stdout)
+    st = json.loads(run("status", "--target", tree, "--json").stdout)
     assert st["applied"] is False and st["patches"] == []
 
 
@@ -251,10 +305,9 @@ def test_failing_hunk_leaves_tree_untouched_and_check_names_it(pristine, tmp_pat
                        edit_lines(version_py, [3]), "Third change")
     (series / "third-change.patch").write_bytes(break_hunk(third, 1))
     (series / "series").write_text(f"{GATE}\nsecond-change.patch\nthird-change.patch\n")
-    ov = empty_overlay(tmp_path)
     before = snapshot(tree)
 
-    r = run("check", "--target", tree, series_dir=series, overlay_dir=ov)
+    r = run("check", "--target", tree, series_dir=series)
     assert r.returncode == 1, r.stdout + r.stderr
     failed = [l for l in r.stdout.splitlines() if l.startswith("FAILED")]
     assert len(failed) == 2, r.stdout
@@ -265,7 +318,7 @@ def test_failing_hunk_leaves_tree_untouched_and_check_names_it(pristine, tmp_pat
     assert GATE not in r.stdout.replace("FAILED", "")
     assert snapshot(tree) == before
 
-    r = run("apply", "--target", tree, series_dir=series, overlay_dir=ov)
+    r = run("apply", "--target", tree, series_dir=series)
     assert r.returncode != 0
     assert r.stderr.strip().splitlines()[-1].startswith("series.py: error: ")
     assert "target left unchanged" in r.stderr
@@ -276,102 +329,166 @@ def test_refuses_non_sglang_dir(tmp_path):
     empty = tmp_path / "not-sglang"
     (empty / "sglang").mkdir(parents=True)  # a package dir without version.py
     for cmd in ("apply", "check", "status", "revert"):
-        r = run(cmd, "--target", empty, overlay_dir=empty_overlay(tmp_path))
+        r = run(cmd, "--target", empty)
         assert r.returncode == 2, (cmd, r.stderr)
         one_error_line(r, "holds no sglang package")
     assert sorted(p.name for p in empty.rglob("*")) == ["sglang"]
 
 
-def test_refuses_unsupported_version_and_force_passes(pristine, tmp_path):
+def test_bad_command_lines_get_one_error_line(pristine):
+    tree = pristine("0.5.23")
+    before = snapshot(tree)
+    r = run("apply")
+    assert r.returncode == 2
+    one_error_line(r, "--target")
+    r = run("frobnicate", "--target", tree)
+    assert r.returncode == 2
+    one_error_line(r, "frobnicate")
+    # The overlay is gone: a caller still passing --overlay-dir is told so.
+    r = run(f"--overlay-dir={tree}", "apply", "--target", tree)
+    assert r.returncode == 2
+    one_error_line(r, "--overlay-dir")
+    assert snapshot(tree) == before
+
+
+def test_refuses_unsupported_version_and_force_passes(pristine):
     tree = pristine("0.5.23")
     (tree / "sglang" / "version.py").write_text('__version__ = "0.5.10"\n')
-    ov = empty_overlay(tmp_path)
     before = snapshot(tree)
-    r = run("apply", "--target", tree, overlay_dir=ov)
+    r = run("apply", "--target", tree)
     assert r.returncode == 2
     one_error_line(r, "sglang 0.5.10", "is not a supported base", "--force")
     assert snapshot(tree) == before
-    r = run("apply", "--force", "--target", tree, overlay_dir=ov)
+    r = run("apply", "--force", "--target", tree)
     assert r.returncode == 0, r.stderr
-    st = json.loads(run("status", "--target", tree, "--json", overlay_dir=ov).stdout)
+    st = json.loads(run("status", "--target", tree, "--json").stdout)
     assert st["sglang_version"] == "0.5.10" and st["applied"] is True
-    assert run("revert", "--target", tree, overlay_dir=ov).returncode == 0
+    assert run("revert", "--target", tree).returncode == 0
     assert snapshot(tree) == before
 
 
 def test_refuses_a_different_series(pristine, tmp_path):
     tree = pristine("0.5.22")
-    ov = empty_overlay(tmp_path)
     pristine_state = snapshot(tree)
-    assert run("apply", "--target", tree, overlay_dir=ov).returncode == 0
+    assert run("apply", "--target", tree).returncode == 0
     applied = snapshot(tree)
     other = copy_series(tmp_path, "other")
     with open(other / "series", "a") as f:
         f.write("# a comment changes the series hash\n")
-    r = run("apply", "--target", tree, series_dir=other, overlay_dir=ov)
+    r = run("apply", "--target", tree, series_dir=other)
     assert r.returncode == 2
     one_error_line(r, "a different series", "series.py revert")
     assert snapshot(tree) == applied
-    st = json.loads(run("status", "--target", tree, "--json", series_dir=other, overlay_dir=ov).stdout)
+    st = json.loads(run("status", "--target", tree, "--json", series_dir=other).stdout)
     assert st["applied"] is True and st["current"] is False
 
     # --replace (for set-up scripts): revert the old series, apply the new one.
-    r = run("apply", "--replace", "--target", tree, series_dir=other, overlay_dir=ov)
+    # Both create the same new modules: the old copies must not count as upstream.
+    r = run("apply", "--replace", "--target", tree, series_dir=other)
     assert r.returncode == 0, r.stderr
-    st = json.loads(run("status", "--target", tree, "--json", series_dir=other, overlay_dir=ov).stdout)
+    st = json.loads(run("status", "--target", tree, "--json", series_dir=other).stdout)
     assert st["applied"] is True and st["current"] is True
     assert snapshot(tree) != applied  # the stamp records the new hash
-    assert run("revert", "--target", tree, overlay_dir=ov).returncode == 0
+    assert run("revert", "--target", tree).returncode == 0
     assert snapshot(tree) == pristine_state
 
 
-def test_overlay_files_are_copied_and_removed(pristine, tmp_path):
+NEW_MOD = "sglang/srt/fork_extra/new_mod.py"
+
+
+def test_new_files_are_created_and_removed(pristine, tmp_path):
     tree = pristine("0.5.23")
-    ov = tmp_path / "overlay"
-    mod = ov / "sglang" / "srt" / "fork_extra" / "new_mod.py"
-    mod.parent.mkdir(parents=True)
-    mod.write_bytes(b"VALUE = 42\n")
-    (mod.parent / "__pycache__").mkdir()
-    (mod.parent / "__pycache__" / "new_mod.cpython-311.pyc").write_bytes(b"\0junk")
-    (mod.parent / "stray.pyc").write_bytes(b"\0junk")
+    series = one_patch_series(tmp_path, "adds", {
+        "add-new-mod.patch": make_patch(tmp_path / "mk", NEW_MOD, None, b"VALUE = 42\n", "Add new_mod"),
+    })
     before = snapshot(tree)
 
-    r = run("apply", "--target", tree, overlay_dir=ov)
+    r = run("apply", "--target", tree, series_dir=series)
     assert r.returncode == 0, r.stderr
     dest = tree / "sglang" / "srt" / "fork_extra"
     assert sorted(p.name for p in dest.iterdir()) == ["new_mod.py"]
-    assert (dest / "new_mod.py").read_bytes() == b"VALUE = 42\n"
-    st = json.loads(run("status", "--target", tree, "--json", overlay_dir=ov).stdout)
+    assert (tree / NEW_MOD).read_bytes() == b"VALUE = 42\n"
+    st = json.loads(run("status", "--target", tree, "--json", series_dir=series).stdout)
     assert st["current"] is True
+    # Python caches the module it imported: revert removes that too.
+    (dest / "__pycache__").mkdir()
+    (dest / "__pycache__" / "new_mod.cpython-311.pyc").write_bytes(b"\0junk")
 
-    r = run("revert", "--target", tree, overlay_dir=ov)
+    r = run("revert", "--target", tree)
     assert r.returncode == 0, r.stderr
-    assert snapshot(tree) == before, "revert must remove overlay files and the dirs it created"
+    assert snapshot(tree) == before, "revert must remove the new files and the dirs it created"
 
-    # A different file already at an overlay path: refuse, touch nothing.
+    # A different file already at that path: check names it, apply refuses.
     dest.mkdir()
-    (dest / "new_mod.py").write_bytes(b"VALUE = 'someone else'\n")
+    (tree / NEW_MOD).write_bytes(b"VALUE = 'someone else'\n")
     before = snapshot(tree)
-    r = run("apply", "--target", tree, overlay_dir=ov)
+    r = run("check", "--target", tree, series_dir=series)
+    assert r.returncode == 1
+    assert f"FAILED add-new-mod.patch: {NEW_MOD}: already exists" in r.stdout
+    r = run("apply", "--target", tree, series_dir=series)
     assert r.returncode == 2
-    one_error_line(r, "new_mod.py", "different content")
+    assert "target left unchanged" in r.stderr
     assert snapshot(tree) == before
-    r = run("check", "--target", tree, overlay_dir=ov)
-    assert r.returncode == 1 and "FAILED overlay" in r.stdout
 
 
-def test_failure_during_copy_back_rolls_back(pristine, tmp_path):
+def test_old_stamp_with_overlay_files_counts_them_as_created(pristine, tmp_path):
+    """A target applied by the tool before the overlay was retired: its stamp
+    lists the overlay files it copied in. Those are not upstream files, so a
+    new series whose patch creates one of them applies with --replace, and
+    revert removes them."""
     tree = pristine("0.5.23")
-    ov = tmp_path / "overlay"
-    (ov / "sglang" / "srt" / "fork_extra").mkdir(parents=True)
-    (ov / "sglang" / "srt" / "fork_extra" / "m.py").write_text("X = 1\n")
+    pristine_state = snapshot(tree)
+    utils = (tree / MM_UTILS).read_bytes()
+    old = one_patch_series(tmp_path, "old", {
+        "old-change.patch": make_patch(tmp_path / "mk-old", MM_UTILS, utils,
+                                       edit_lines(utils, [12]), "Old change"),
+    })
+    assert run("apply", "--target", tree, series_dir=old).returncode == 0
+    # What the old tool wrote on top: the overlay file, its directory and the
+    # stamp keys "overlay" and "overlay_preexisting".
+    (tree / NEW_MOD).parent.mkdir()
+    (tree / NEW_MOD).write_bytes(b"VALUE = 'from the old overlay'\n")
+    stamp_path = tree / "sglang" / ".fork-series" / "stamp.json"
+    stamp = json.loads(stamp_path.read_text())
+    stamp.update(overlay=[NEW_MOD], overlay_preexisting=[],
+                 created_dirs=stamp["created_dirs"] + ["sglang/srt/fork_extra"])
+    stamp_path.write_text(json.dumps(stamp, indent=2) + "\n")
+    old_state = snapshot(tree)
+
+    # Plain revert removes the overlay file and its directory.
+    reverted = tmp_path / "reverted"
+    shutil.copytree(tree, reverted)
+    r = run("revert", "--target", reverted)
+    assert r.returncode == 0, r.stderr
+    assert snapshot(reverted) == pristine_state
+
+    new = one_patch_series(tmp_path, "new", {
+        "old-change.patch": (old / "old-change.patch").read_bytes(),
+        "add-new-mod.patch": make_patch(tmp_path / "mk-new", NEW_MOD, None, b"VALUE = 'patched in'\n",
+                                        "Add new_mod"),
+    })
+    r = run("check", "--target", tree, series_dir=new)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert snapshot(tree) == old_state
+    r = run("apply", "--replace", "--target", tree, series_dir=new)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tree / NEW_MOD).read_bytes() == b"VALUE = 'patched in'\n"
+    assert (tree / MM_UTILS).read_bytes() == edit_lines(utils, [12])
+    st = json.loads(run("status", "--target", tree, "--json", series_dir=new).stdout)
+    assert st["current"] is True and st["patches"] == ["old-change.patch", "add-new-mod.patch"]
+    assert run("revert", "--target", tree).returncode == 0
+    assert snapshot(tree) == pristine_state
+
+
+def test_failure_during_copy_back_rolls_back(pristine):
+    tree = pristine("0.5.23")
     before = snapshot(tree)
     # Fault injection: the copy-back raises after the first patched file was written.
-    r = run("apply", "--target", tree, overlay_dir=ov, env={"SERIES_PY_TEST_FAIL_COPY_AFTER": "1"})
+    r = run("apply", "--target", tree, env={"SERIES_PY_TEST_FAIL_COPY_AFTER": "1"})
     assert r.returncode == 2
     one_error_line(r, "rolled back")
     assert snapshot(tree) == before
-    r = run("apply", "--target", tree, overlay_dir=ov)
+    r = run("apply", "--target", tree)
     assert r.returncode == 0, r.stderr
 
 
@@ -389,14 +506,13 @@ def test_target_and_tmpdir_inside_a_git_checkout(pristine, tmp_path):
     tmpdir = outer / "tmp"
     tmpdir.mkdir()
     env = {"TMPDIR": str(tmpdir)}
-    ov = empty_overlay(tmp_path)
     before = snapshot(tree)
-    r = run("check", "--target", tree, overlay_dir=ov, env=env, cwd=outer)
+    r = run("check", "--target", tree, env=env, cwd=outer)
     assert r.returncode == 0, r.stdout + r.stderr
-    r = run("apply", "--target", tree, overlay_dir=ov, env=env, cwd=tree)
+    r = run("apply", "--target", tree, env=env, cwd=tree)
     assert r.returncode == 0, r.stderr
-    assert b"hip_dp_encoder_batches_vit" in (tree / MM_SCHEDULE).read_bytes()
-    assert run("revert", "--target", tree, overlay_dir=ov, env=env).returncode == 0
+    assert_series_applied(tree, before)
+    assert run("revert", "--target", tree, env=env).returncode == 0
     assert snapshot(tree) == before
 
 
@@ -405,80 +521,81 @@ def test_target_and_tmpdir_inside_a_git_checkout(pristine, tmp_path):
 
 def test_import_export_round_trip_and_edit_loop(pristine, tmp_path):
     series = copy_series(tmp_path)
-    ov = tmp_path / "overlay"
-    mod = ov / "sglang" / "srt" / "fork_extra" / "helper.py"
-    mod.parent.mkdir(parents=True)
-    mod.write_bytes(b"def helper():\n    return 1\n")
     original = snapshot(series)
-    original_ov = snapshot(ov)
     work = pristine("0.5.23", "work")
 
-    r = run("import", "--target", work, series_dir=series, overlay_dir=ov)
+    r = run("import", "--target", work, series_dir=series)
     assert r.returncode == 0, r.stderr
     assert "export" in r.stdout and "--autosquash" in r.stdout
     subjects = git(work, "log", "--reverse", "--format=%s", "upstream..HEAD").splitlines()
-    assert len(subjects) == len(real_series_names()) + 1, subjects
-    assert subjects[-1] == "fork overlay"
-    assert "Gate cross-request ViT batching by platform" in subjects
+    assert subjects == [subject_of(series / n) for n in real_series_names()]
     assert git(work, "rev-parse", "upstream") == git(work, "rev-parse", "upstream-0.5.23^{commit}")
     assert git(work, "status", "--porcelain") == ""
+    for rel in created_by(PATCHES):
+        assert (work / rel).is_file(), f"{rel} must be committed by the patch that creates it"
 
-    r = run("export", "--target", work, series_dir=series, overlay_dir=ov)
+    r = run("export", "--target", work, series_dir=series)
     assert r.returncode == 0, r.stderr
     assert snapshot(series) == original, "export right after import must reproduce the patches"
-    assert snapshot(ov) == original_ov
 
-    # The loop: amend the gate patch with a fixup, add a patch, edit the overlay.
-    gate = git(work, "log", "--format=%H", "-1", "--grep=Gate cross-request").strip()
+    # The loop: amend the gate patch with a fixup, add a patch with a new module.
+    gate = git(work, "log", "--format=%H", "-1", f"--grep={subject_of(series / GATE)}",
+               "--fixed-strings").strip()
     p = work / MM_UTILS
     p.write_text(p.read_text() + "\n# fixed up\n")
     git(work, "commit", "-q", f"--fixup={gate}", "--", MM_UTILS)
     git(work, "rebase", "-q", "-i", "--autosquash", "upstream", env={"GIT_SEQUENCE_EDITOR": "true"})
     v = work / "sglang" / "version.py"
-    v.write_text(v.read_text() + "# [ROCm] marker\n")
+    v.write_text(v.read_text() + "from sglang.srt.fork_extra.helper import helper  # noqa\n")
     helper = work / "sglang" / "srt" / "fork_extra" / "helper.py"
+    helper.parent.mkdir()
     helper.write_text("def helper():\n    return 2\n")
-    # A commit mixing an upstream file and an overlay file.
-    git(work, "commit", "-q", "-am", "[ROCm] Mark the version file")
-    helper.write_text("def helper():\n    return 3\n")
-    git(work, "commit", "-q", "-am", "Helper returns 3")
+    git(work, "add", "sglang/version.py", "sglang/srt/fork_extra/helper.py")
+    git(work, "commit", "-q", "-m", "[ROCm] Import a helper in the version file")
 
-    r = run("export", "--target", work, series_dir=series, overlay_dir=ov)
+    r = run("export", "--target", work, series_dir=series)
     assert r.returncode == 0, r.stderr
     names = (series / "series").read_text().splitlines()
-    new_patch = series / names[-1]
-    assert names == real_series_names() + ["rocm-mark-the-version-file.patch"]
-    assert not list(series.glob("helper-returns*")), "overlay-only commits make no patch"
+    new_patch = (series / names[-1]).read_bytes()
+    assert names == real_series_names() + ["rocm-import-a-helper-in-the-version-file.patch"]
     assert (series / GATE).read_bytes() != original[GATE]
     assert b"+# fixed up" in (series / GATE).read_bytes()
-    assert b"Subject: [PATCH] [ROCm] Mark the version file" in new_patch.read_bytes()
-    assert b"fork_extra" not in new_patch.read_bytes()
-    assert b"+# [ROCm] marker" in new_patch.read_bytes()
-    assert mod.read_bytes() == b"def helper():\n    return 3\n", "overlay edits go back to the overlay dir"
+    assert b"Subject: [PATCH] [ROCm] Import a helper in the version file" in new_patch
+    assert b"new file mode 100644" in new_patch and b"+    return 2" in new_patch
+    assert b"+from sglang.srt.fork_extra.helper import helper" in new_patch
 
-    # The exported series applies to a fresh pristine tree.
+    # The exported series applies to a fresh pristine tree, new module included.
     fresh = pristine("0.5.23", "fresh")
-    r = run("check", "--target", fresh, series_dir=series, overlay_dir=ov)
+    r = run("check", "--target", fresh, series_dir=series)
     assert r.returncode == 0, r.stdout + r.stderr
+    r = run("apply", "--target", fresh, series_dir=series)
+    assert r.returncode == 0, r.stderr
+    assert (fresh / "sglang" / "srt" / "fork_extra" / "helper.py").read_text() == helper.read_text()
 
-    # Dropping a commit drops its patch file.
-    git(work, "reset", "-q", "--hard", "HEAD~2")  # drop both new commits
-    r = run("export", "--target", work, series_dir=series, overlay_dir=ov)
+    # An empty commit would be an empty patch: refused, nothing written.
+    git(work, "commit", "-q", "--allow-empty", "-m", "Nothing")
+    exported = snapshot(series)
+    r = run("export", "--target", work, series_dir=series)
+    assert r.returncode == 2
+    one_error_line(r, "Nothing", "changes nothing")
+    assert snapshot(series) == exported
+
+    # Dropping commits drops their patch files.
+    git(work, "reset", "-q", "--hard", "HEAD~2")
+    r = run("export", "--target", work, series_dir=series)
     assert r.returncode == 0, r.stderr
     assert (series / "series").read_text().splitlines() == real_series_names()
-    assert not (series / "rocm-mark-the-version-file.patch").exists()
-    assert snapshot(ov) == original_ov, "the overlay file is back to its imported content"
+    assert not (series / "rocm-import-a-helper-in-the-version-file.patch").exists()
     assert sorted(p.name for p in series.iterdir()) == sorted(original)
 
 
 def test_import_refuses_existing_repo_and_names_conflicting_patch(pristine, tmp_path):
     series = copy_series(tmp_path)
-    ov = empty_overlay(tmp_path)
     work = pristine("0.5.23", "repo")
     git(work, "init", "-q")
     git(work, "add", "sglang/version.py")
     git(work, "commit", "-q", "-m", "someone's repo")
-    r = run("import", "--target", work, series_dir=series, overlay_dir=ov)
+    r = run("import", "--target", work, series_dir=series)
     assert r.returncode == 2
     one_error_line(r, "already inside a git work tree", "--force")
 
@@ -487,23 +604,22 @@ def test_import_refuses_existing_repo_and_names_conflicting_patch(pristine, tmp_
     p = changed / MM_SCHEDULE
     p.write_text(p.read_text().replace("from sglang.srt.utils import is_hip, is_npu, is_xpu",
                                        "from sglang.srt.utils import is_hip, is_npu, is_xpu, is_cuda"))
-    r = run("import", "--target", changed, series_dir=series, overlay_dir=ov)
+    r = run("import", "--target", changed, series_dir=series)
     assert r.returncode == 2
     one_error_line(r, GATE, MM_SCHEDULE, "am --continue", "export")
 
 
 def test_rebase_onto_new_release(pristine, tmp_path):
     series = copy_series(tmp_path)
-    ov = empty_overlay(tmp_path)
     work = pristine("0.5.23", "work")
-    assert run("import", "--target", work, series_dir=series, overlay_dir=ov).returncode == 0
+    assert run("import", "--target", work, series_dir=series).returncode == 0
 
     # Clean rebase onto 0.5.22, export, and the result applies to 0.5.22.
-    r = run("rebase", "--target", work, "--onto", pristine("0.5.22"), series_dir=series, overlay_dir=ov)
+    r = run("rebase", "--target", work, "--onto", pristine("0.5.22"), series_dir=series)
     assert r.returncode == 0, r.stderr
     assert git(work, "rev-parse", "upstream") == git(work, "rev-parse", "upstream-0.5.22^{commit}")
-    assert run("export", "--target", work, series_dir=series, overlay_dir=ov).returncode == 0
-    r = run("check", "--target", pristine("0.5.22", "fresh22"), series_dir=series, overlay_dir=ov)
+    assert run("export", "--target", work, series_dir=series).returncode == 0
+    r = run("check", "--target", pristine("0.5.22", "fresh22"), series_dir=series)
     assert r.returncode == 0, r.stdout + r.stderr
 
     # A "release" where a line the patch changes was changed: stop, name patch + file.
@@ -512,20 +628,11 @@ def test_rebase_onto_new_release(pristine, tmp_path):
     p = newer / MM_SCHEDULE
     p.write_text(p.read_text().replace("from sglang.srt.utils import is_hip, is_npu, is_xpu",
                                        "from sglang.srt.utils import is_hip, is_npu, is_xpu, is_cuda"))
-    r = run("rebase", "--target", work, "--onto", newer, series_dir=series, overlay_dir=ov)
+    r = run("rebase", "--target", work, "--onto", newer, series_dir=series)
     assert r.returncode == 2
     one_error_line(r, "0.5.24", GATE, MM_SCHEDULE, "rebase --continue", "export")
     assert (work / ".git" / "rebase-merge").exists()
     # Export refuses while the rebase is unfinished.
-    r = run("export", "--target", work, series_dir=series, overlay_dir=ov)
+    r = run("export", "--target", work, series_dir=series)
     assert r.returncode == 2
     one_error_line(r, "in progress")
-
-
-def test_help_documents_the_loop():
-    r = run("--help")
-    assert r.returncode == 0
-    for word in ("check", "apply", "revert", "status", "import", "export", "rebase", "--series-dir"):
-        assert word in r.stdout
-    r = run("rebase", "--help")
-    assert "rebase --continue" in r.stdout and "--onto" in r.stdout
