@@ -30,13 +30,26 @@ PLATFORMS = {
 }
 
 
-def expected_batched(platform: str, dp_encoder: bool, attn_tp: int) -> bool:
-    """The rule, as the issue states it (not as the code computes it)."""
+def expected_batched(platform: str, dp_encoder: bool, attn_tp: int, model_dp: bool = True) -> bool:
+    """The rule, as the issues state it (not as the code computes it)."""
     if platform == "CUDA":
         return True
     if platform in ("NPU", "XPU"):
         return False
-    return dp_encoder and attn_tp > 1
+    return dp_encoder and attn_tp > 1 and model_dp
+
+
+class _Model:
+    """The two facts the gate reads from a loaded model: its class, and the
+    DP-encoder choice it made when it was built (SGLang's VLMs store it in
+    ``use_data_parallel``; a model that never reads the flag has none)."""
+
+    def __init__(self, use_data_parallel=None):
+        if use_data_parallel is not None:
+            self.use_data_parallel = use_data_parallel
+
+    def get_image_feature(self, items):
+        raise AssertionError("the gate must not encode")
 
 
 @contextlib.contextmanager
@@ -85,6 +98,7 @@ def tower_calls(model):
 def _gate_worker(rank, world_size, init_method):
     """Every combination, in a process that builds no TP groups, publishing
     each attention-TP width as a server of that width would."""
+    from sglang.srt.multimodal import vit_batching
     from sglang.srt.managers import mm_schedule
     from sglang.srt.multimodal.mm_utils import hip_dp_encoder_batches_vit
 
@@ -93,17 +107,25 @@ def _gate_worker(rank, world_size, init_method):
     records = []
     handler = logging.Handler()
     handler.emit = lambda record: records.append((record.levelno, record.getMessage()))
-    logging.getLogger(mm_schedule.logger.name).addHandler(handler)
-    mm_schedule.logger.setLevel(logging.INFO)
-    for combo in itertools.product(PLATFORMS, (False, True), (1, 2)):
-        platform, dp_encoder, attn_tp = combo
+    logging.getLogger(vit_batching.logger.name).addHandler(handler)
+    vit_batching.logger.setLevel(logging.INFO)
+    for combo in itertools.product(PLATFORMS, (False, True), (1, 2), MODELS):
+        platform, dp_encoder, attn_tp, kind = combo
         T.publish_cpu_context(tp_size=attn_tp, dp_encoder=dp_encoder, model_path=model_dir)
-        mm_schedule._logged_vit_batching.clear()  # as if a fresh process
-        with setting(*combo):
+        # As the model would be built in this configuration.
+        model = _Model({"dp": dp_encoder, "not-dp": False, "ignores-flag": None}[kind])
+        vit_batching._logged_decisions.clear()  # as if a fresh process
+        with setting(platform, dp_encoder, attn_tp):
             first = len(records)
-            decisions = [mm_schedule._batch_vit_across_requests() for _ in range(3)]
-            seen[combo] = (decisions, hip_dp_encoder_batches_vit(), records[first:])
+            decisions = [
+                mm_schedule._batch_vit_across_requests(model.get_image_feature)
+                for _ in range(3)
+            ]
+            seen[combo] = (decisions, hip_dp_encoder_batches_vit(model), records[first:])
     return seen
+
+
+MODELS = ("dp", "not-dp", "ignores-flag")
 
 
 @pytest.fixture(scope="module")
@@ -112,24 +134,28 @@ def gate_matrix():
 
 
 @pytest.mark.parametrize(
-    "platform,dp_encoder,attn_tp",
-    list(itertools.product(PLATFORMS, (False, True), (1, 2))),
+    "platform,dp_encoder,attn_tp,kind",
+    list(itertools.product(PLATFORMS, (False, True), (1, 2), MODELS)),
 )
-def test_gate_every_combination(gate_matrix, platform, dp_encoder, attn_tp):
-    decisions, hip_helper, _ = gate_matrix[(platform, dp_encoder, attn_tp)]
-    assert decisions == [expected_batched(platform, dp_encoder, attn_tp)] * 3
-    assert hip_helper is (platform == "HIP" and dp_encoder and attn_tp > 1)
+def test_gate_every_combination(gate_matrix, platform, dp_encoder, attn_tp, kind):
+    decisions, hip_helper, _ = gate_matrix[(platform, dp_encoder, attn_tp, kind)]
+    model_dp = kind == "dp" and dp_encoder
+    assert decisions == [expected_batched(platform, dp_encoder, attn_tp, model_dp)] * 3
+    assert hip_helper is (platform == "HIP" and dp_encoder and attn_tp > 1 and model_dp)
 
 
 @pytest.mark.parametrize(
     "combo,line",
     [
-        (("HIP", True, 2), "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)"),
-        (("HIP", True, 1), "cross-request ViT batching: off (ROCm, attention-TP 1)"),
-        (("HIP", False, 2), "cross-request ViT batching: off (ROCm, no DP encoder)"),
-        (("NPU", True, 2), "cross-request ViT batching: off (NPU)"),
-        (("XPU", False, 1), "cross-request ViT batching: off (XPU)"),
-        (("CUDA", False, 1), "cross-request ViT batching: on (CUDA)"),
+        (("HIP", True, 2, "dp"), "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)"),
+        (("HIP", True, 1, "dp"), "cross-request ViT batching: off (ROCm, attention-TP 1)"),
+        (("HIP", False, 2, "dp"), "cross-request ViT batching: off (ROCm, no DP encoder)"),
+        (("HIP", True, 2, "not-dp"), "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)"),
+        (("HIP", True, 2, "ignores-flag"), "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)"),
+        (("NPU", True, 2, "dp"), "cross-request ViT batching: off (NPU)"),
+        (("XPU", False, 1, "dp"), "cross-request ViT batching: off (XPU)"),
+        (("CUDA", False, 1, "dp"), "cross-request ViT batching: on (CUDA)"),
+        (("CUDA", True, 2, "ignores-flag"), "cross-request ViT batching: on (CUDA)"),
     ],
 )
 def test_gate_logs_its_decision_once_at_info(gate_matrix, combo, line):
@@ -138,12 +164,25 @@ def test_gate_logs_its_decision_once_at_info(gate_matrix, combo, line):
     assert logged == [(logging.INFO, line)]
 
 
-def test_no_module_global_platform_flags_left(model):
-    """The decision must follow override_platform, not import-time globals."""
-    from sglang.srt.managers import mm_schedule
+def test_the_model_fact_is_read_from_the_bound_encoder():
+    """A bound method, a partial of one and the model itself all name the same
+    model; a plain function names none (not known to be data-parallel)."""
+    import functools
 
-    assert not hasattr(mm_schedule, "_is_hip")
-    assert not hasattr(mm_schedule, "_is_xpu")
+    from sglang.srt.multimodal.vit_batching import (
+        encoder_owner,
+        vision_encoder_is_data_parallel,
+    )
+
+    model = _Model(True)
+    for encoder in (model.get_image_feature, functools.partial(model.get_image_feature), model):
+        assert encoder_owner(encoder) is model
+        assert vision_encoder_is_data_parallel(encoder) is True
+    assert vision_encoder_is_data_parallel(_Model(False).get_image_feature) is False
+    assert vision_encoder_is_data_parallel(_Model().get_image_feature) is False
+    assert encoder_owner(lambda items: items) is None
+    assert vision_encoder_is_data_parallel(lambda items: items) is False
+    assert vision_encoder_is_data_parallel(None) is False
 
 
 # ---------------------------------------------------------------------------
@@ -282,19 +321,24 @@ def test_chunk_windows_that_cut_an_image_return_the_right_rows(model, tower_call
 # ---------------------------------------------------------------------------
 
 
-def _rank_worker(rank, world_size, init_method, grids_per_request, batched):
+def _rank_worker(rank, world_size, init_method, grids_per_request, batched, model_dp=True):
     from cpu_support import mm_harness as H
     from cpu_support import tiny_qwen3_vl as T
     from sglang.srt.runtime_context import get_mm, override_platform
 
-    T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
+    T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=model_dp)
     T.init_gloo(rank, world_size, init_method)
     model = T.build_tiny_qwen3_vl(seed=1)
     H.fresh_embedding_cache()
     requests = [H.make_request(g, seed=100 + i) for i, g in enumerate(grids_per_request)]
     rocm = dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False)
     with torch.no_grad(), override_platform(**rocm):
-        if batched:
+        if not model_dp:
+            # A model whose encoder is not data-parallel (here Qwen3-VL built
+            # without the DP encoder: its tower is TP-sharded) served with the
+            # flag on: the flag distributes nothing, so ROCm stays per-request.
+            gate_ctx = get_mm().override(mm_enable_dp_encoder=True)
+        elif batched:
             gate_ctx = contextlib.nullcontext()
         else:
             # Upstream 0.5.23 on ROCm: the gate says per-request while the model
@@ -319,3 +363,16 @@ def test_two_ranks_per_request_idles_a_rank_batching_feeds_both():
     for r in per_request + batched:
         torch.testing.assert_close(r["out"], r["alone"], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(per_request[0]["out"], batched[0]["out"], rtol=1e-4, atol=1e-5)
+
+
+def test_two_ranks_rocm_keeps_a_non_data_parallel_encoder_per_request():
+    """ROCm, --mm-enable-dp-encoder, attention-TP 2: two single-image requests
+    of a model whose encoder is not data-parallel take two calls on each rank
+    (every rank runs every call of a TP-sharded tower); a DP model's take one."""
+    grids = [[(1, 8, 8)], [(1, 8, 12)]]
+    not_dp = run_on_ranks(_rank_worker, 2, grids, True, False, timeout=300)
+    dp = run_on_ranks(_rank_worker, 2, grids, True, True, timeout=300)
+    assert [[len(c) for c in r["calls"]] for r in not_dp] == [[1, 1], [1, 1]]
+    assert [len(r["calls"]) for r in dp] == [1, 1]
+    for r in not_dp + dp:
+        torch.testing.assert_close(r["out"], r["alone"], rtol=1e-4, atol=1e-5)

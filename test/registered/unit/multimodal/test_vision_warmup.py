@@ -36,9 +36,12 @@ PLATFORMS = {
     "XPU": dict(is_hip=False, is_cuda=False, is_npu=False, is_xpu=True),
     "ROCm": ROCM,
 }
-# (platform, DP encoder) at attention-TP 2; only the first is the gate.
+# (platform, DP encoder) at attention-TP 2. The warm-up condition: the DP
+# encoder spreads images and the platform batches across requests (CUDA
+# always, ROCm under its gate, never NPU/XPU).
 GATE = ("ROCm", True)
-OFF_AT_TP2 = [("CUDA", True), ("NPU", True), ("XPU", True), ("ROCm", False)]
+WARM_AT_TP2 = [GATE, ("CUDA", True)]
+OFF_AT_TP2 = [("NPU", True), ("XPU", True), ("ROCm", False), ("CUDA", False)]
 
 # What the issue asks for, written out (not read from the code under test).
 QWEN_CALLS = [[(1, 32, 32)], [(1, 48, 64)], [(1, 8, 8)] * 6]
@@ -83,10 +86,10 @@ def _cache_entries(fn) -> int:
 def _sweep(tower, calls):
     """The tower on each call, the way run_dp_sharded_mrope_vision_model calls it,
     under the scheduler event loop's grad mode."""
-    from sglang.srt.multimodal.mm_utils import _dummy_patch_dim
+    from sglang.srt.multimodal.vision_warmup import _patch_rows
     from sglang.srt.utils.common import DynamicGradMode
 
-    width = _dummy_patch_dim(tower)
+    (width,) = _patch_rows(tower)
     with DynamicGradMode():
         for call in calls:
             n = sum(math.prod(g) for g in call)
@@ -107,7 +110,7 @@ def _compile_audit(kind, model):
     with override_platform(**ROCM), TowerCalls() as seen:
         seen.attach(model.visual)
         start = time.perf_counter()
-        model.precompile_kernels_after_loading()
+        _post_load_hook(model)
         audit["launch_s"] = time.perf_counter() - start
     audit["warm_calls"] = seen.calls
     audit["after_warm_up"] = _frames_compiled()
@@ -124,22 +127,32 @@ def _compile_audit(kind, model):
     return audit
 
 
-def _hook_calls(model, platform, dp_encoder):
+def _post_load_hook(model):
+    """What SGLang runs on every rank after the weights load (and what an
+    --encoder-only server runs), with the series applied."""
+    from sglang.srt.model_executor.model_runner_components.load_model_utils import (
+        maybe_precompile_model_kernels_after_loading,
+    )
+
+    maybe_precompile_model_kernels_after_loading(model, "cpu")
+
+
+def _hook_calls(model, platform, dp_encoder, encoder_only=False):
     """Tower calls and warm-up log lines of one hook call in one setting."""
-    from sglang.srt.runtime_context import get_mm, override_platform
+    from sglang.srt.runtime_context import get_disagg, get_mm, override_platform
 
     handler = _WarmUpLog()
-    mm_logger = logging.getLogger("sglang.srt.multimodal.mm_utils")
+    mm_logger = logging.getLogger("sglang.srt.multimodal.vision_warmup")
     mm_logger.addHandler(handler)
     previous = mm_logger.level
     mm_logger.setLevel(logging.INFO)
     try:
         with override_platform(**PLATFORMS[platform]), get_mm().override(
             mm_enable_dp_encoder=dp_encoder
-        ), TowerCalls() as seen:
+        ), get_disagg().override(encoder_only=encoder_only), TowerCalls() as seen:
             if model.visual is not None:
                 seen.attach(model.visual)
-            model.precompile_kernels_after_loading()
+            _post_load_hook(model)
     finally:
         mm_logger.removeHandler(handler)
         mm_logger.setLevel(previous)
@@ -178,7 +191,7 @@ def _qwen4_order(model):
     try:
         with override_platform(**ROCM), get_mm().override(mm_enable_dp_encoder=True):
             with _CodeCalls(unquant.precompile_splitk_tactics, events):
-                model.precompile_kernels_after_loading()
+                _post_load_hook(model)
     finally:
         handle.remove()
     return events
@@ -205,7 +218,7 @@ def _rank_worker(rank, world_size, init_method):
         "qwen4_exp": F.build_tiny_qwen4_exp(),
         "glm5_next": glm,
     }
-    settings = [GATE] + OFF_AT_TP2
+    settings = WARM_AT_TP2 + OFF_AT_TP2
     out["hook"] = {
         (name, platform, dp): _hook_calls(model, platform, dp)
         for name, model in models.items()
@@ -227,6 +240,13 @@ def _rank_worker(rank, world_size, init_method):
         name: (model.visual is None, _hook_calls(model, *GATE))
         for name, model in alone.items()
     }
+    # An --encoder-only server batches requests on every platform, so it
+    # warms wherever the DP encoder spreads images, NPU included.
+    out["encoder_only_server"] = {
+        platform: _hook_calls(qwen3_vl, platform, True, encoder_only=True)
+        for platform in ("NPU", "ROCm", "CUDA")
+    }
+    out["encoder_only_server_no_dp"] = _hook_calls(qwen3_vl, "CUDA", False, encoder_only=True)
     out["qwen4_order"] = _qwen4_order(models["qwen4_exp"])
     return out
 
@@ -236,33 +256,29 @@ def ranks():
     return run_on_ranks(_rank_worker, 2, timeout=480)
 
 
-def test_qwen3_vl_hook_warms_three_calls_under_the_gate_on_every_rank(ranks):
+@pytest.mark.parametrize("setting", WARM_AT_TP2, ids=lambda s: f"{s[0]}-dp{int(s[1])}")
+def test_qwen3_vl_hook_warms_three_calls_on_every_rank(ranks, setting):
     for rank, out in enumerate(ranks):
-        calls, lines = out["hook"][("qwen3_vl", *GATE)]
+        calls, lines = out["hook"][("qwen3_vl", *setting)]
         assert calls == QWEN_CALLS, rank
         assert len(lines) == 1, lines
         assert lines[0].startswith(f"vision warm-up (rank {rank}): grids ")
         assert "[[1,32,32]] [[1,48,64]] [6x[1,8,8]]" in lines[0]
 
 
-def test_vectorized_pos_embed_call_has_the_threshold_image_count(ranks):
-    from sglang.srt.models.qwen3_vl import _VECTORIZED_VL_POS_EMBED_MIN_IMAGES
-
-    calls, _ = ranks[1]["hook"][("qwen3_vl", *GATE)]
-    assert len(calls[-1]) == _VECTORIZED_VL_POS_EMBED_MIN_IMAGES
-
-
+@pytest.mark.parametrize("setting", WARM_AT_TP2, ids=lambda s: f"{s[0]}-dp{int(s[1])}")
 @pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe", "qwen4_exp"])
-def test_qwen3_vl_subclasses_inherit_the_warm_up(ranks, name):
+def test_qwen3_vl_subclasses_inherit_the_warm_up(ranks, name, setting):
     for out in ranks:
-        calls, lines = out["hook"][(name, *GATE)]
+        calls, lines = out["hook"][(name, *setting)]
         assert calls == QWEN_CALLS
         assert len(lines) == 1
 
 
-def test_glm5_next_hook_warms_two_grids_under_the_gate(ranks):
+@pytest.mark.parametrize("setting", WARM_AT_TP2, ids=lambda s: f"{s[0]}-dp{int(s[1])}")
+def test_glm5_next_hook_warms_two_grids(ranks, setting):
     for rank, out in enumerate(ranks):
-        calls, lines = out["hook"][("glm5_next", *GATE)]
+        calls, lines = out["hook"][("glm5_next", *setting)]
         assert calls == GLM_CALLS
         assert lines == [lines[0]] and lines[0].startswith(f"vision warm-up (rank {rank})")
         assert "[[1,32,32]] [[1,48,64]]" in lines[0]
@@ -272,7 +288,7 @@ def test_glm5_next_hook_warms_two_grids_under_the_gate(ranks):
 @pytest.mark.parametrize(
     "name", ["qwen3_vl", "qwen3_5", "qwen3_5_moe", "qwen4_exp", "glm5_next"]
 )
-def test_no_warm_up_off_the_gate_at_attention_tp2(ranks, name, setting):
+def test_no_warm_up_off_the_condition_at_attention_tp2(ranks, name, setting):
     for out in ranks:
         assert out["hook"][(name, *setting)] == ([], [])
 
@@ -282,16 +298,23 @@ def test_no_warm_up_off_the_gate_at_attention_tp2(ranks, name, setting):
     [
         ("qwen3_vl_lm_only", False),
         ("qwen3_5_lm_only", False),
-        ("qwen3_vl_encoder_only", True),
-        ("glm5_next_encoder_only", True),
         ("glm5_next_language_only", False),
     ],
 )
-def test_lm_only_and_disaggregated_configs_are_left_alone(ranks, name, has_visual):
+def test_models_without_a_vision_tower_are_left_alone(ranks, name, has_visual):
     for out in ranks:
         visual_is_none, (calls, lines) = out["alone"][name]
         assert visual_is_none is (not has_visual)
         assert calls == [] and lines == []
+
+
+@pytest.mark.parametrize("platform", ["NPU", "ROCm", "CUDA"])
+def test_encoder_only_server_warms_every_rank(ranks, platform):
+    for rank, out in enumerate(ranks):
+        calls, lines = out["encoder_only_server"][platform]
+        assert calls == QWEN_CALLS, (rank, platform)
+        assert len(lines) == 1 and lines[0].startswith(f"vision warm-up (rank {rank})")
+        assert out["encoder_only_server_no_dp"] == ([], [])
 
 
 def test_qwen4_exp_warms_vision_first_then_its_split_k_precompile_once(ranks):

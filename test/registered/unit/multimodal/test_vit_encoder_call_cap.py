@@ -35,7 +35,7 @@ def _rank_loads(sizes, ranks):
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_groups_are_consecutive_bounded_and_maximal(ranks):
-    from sglang.srt.managers.mm_schedule import encoder_call_groups
+    from sglang.srt.multimodal.vit_batching import encoder_call_groups
 
     rng = random.Random(1234 + ranks)
     for _ in range(300):
@@ -52,7 +52,7 @@ def test_groups_are_consecutive_bounded_and_maximal(ranks):
 
 
 def test_groups_without_cap_and_edge_cases():
-    from sglang.srt.managers.mm_schedule import encoder_call_groups
+    from sglang.srt.multimodal.vit_batching import encoder_call_groups
 
     assert encoder_call_groups([], None) == []
     assert encoder_call_groups([], 100) == []
@@ -148,3 +148,12 @@ def test_empty_miss_list_makes_no_call(model):
             again = H.run_prefill_embedding(model, requests)  # every item hits
     assert calls.calls == []
     assert torch.equal(first, again)
+
+
+def test_splitter_refuses_the_cap_the_cli_refuses():
+    """No internal sentinel: a cap below 1 is an error here as on the CLI."""
+    from sglang.srt.multimodal.vit_batching import encoder_call_groups
+
+    for cap in (0, -5):
+        with pytest.raises(ValueError):
+            encoder_call_groups([64, 64], cap)

@@ -45,9 +45,12 @@ def sample(name, **labels):
 
 
 def snapshot(path):
-    from sglang.srt.runtime_context import get_serving
+    from sglang.srt.observability.vit_batch_metrics import scheduler_metric_labels
 
-    labels = {"model_name": str(get_serving().served_model_name), "path": path}
+    # The labels SGLang's scheduler metrics carry (tp_rank, pp_rank, ...).
+    labels = {k: str(v) for k, v in scheduler_metric_labels().items()}
+    assert {"model_name", "engine_type", "tp_rank", "pp_rank"} <= set(labels)
+    labels["path"] = path
     return {
         "calls": sample("sglang:mm_encoder_calls_total", **labels),
         "images_sum": sample("sglang:mm_encoder_call_images_sum", **labels),
