@@ -49,10 +49,12 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -546,7 +548,38 @@ def describe_builds(args) -> List[dict]:
     return builds
 
 
+def _partial_report(out_dir: str, builds: List[dict], command: str) -> None:
+    """ab.md from the finished runs in ab.json, marked incomplete (none: nothing)."""
+    try:
+        with open(os.path.join(out_dir, "ab.json")) as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return
+    if not state.get("runs"):
+        return
+    text = report(state, builds, command)
+    with open(os.path.join(out_dir, "ab.md"), "w") as f:
+        f.write(text + f"\nINCOMPLETE: {state.get('error')}\n")
+
+
+def _stop_on_sigterm(signum, frame):
+    # `timeout 90m python scripts/ab_image_burst.py ...` sends SIGTERM: leave
+    # through the normal exits, so the running server is stopped and ab.json
+    # records the interruption.
+    raise ABError(f"stopped by signal {signum} (SIGTERM)")
+
+
 def main(argv=None) -> int:
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv=None) -> int:
     args = parse(argv)
     try:
         builds = describe_builds(args)
@@ -560,6 +593,7 @@ def main(argv=None) -> int:
     except (ServerFailed, B.BenchError, ABError) as e:
         print(f"ab_image_burst: {str(e).splitlines()[0]} (finished runs: "
               f"{os.path.join(args.out_dir, 'ab.json')})", file=sys.stderr)
+        _partial_report(args.out_dir, builds, command)
         return 1
     text = report(ab, builds, command)
     with open(os.path.join(args.out_dir, "ab.md"), "w") as f:

@@ -20,7 +20,7 @@ after a failed launch (item 4); images per rank from ``/metrics`` (item 7).
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=75, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
 import os  # noqa: E402
@@ -127,6 +127,8 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
     assert ab["complete"] is False and "exited with code 1" in ab["error"]
     assert [(r["run"], r["build"]) for r in ab["runs"]] == [(1, "base"), (1, "series")]
     assert [p.name for p in gpu_box["out"].iterdir() if p.name.startswith(".ab.json")] == []
+    md = (gpu_box["out"] / "ab.md").read_text()
+    assert "| base | 1 |" in md and "| series | 1 |" in md and "INCOMPLETE: server exited" in md
 
     # Item 1: every request completed, although only the pinned commit is cached.
     for r in ab["runs"]:
