@@ -102,12 +102,19 @@ from sglang.srt.runtime_context import get_platform
 out = {"has_gate": hasattr(ms, "_batch_vit_across_requests"),
        "is_hip_global": getattr(ms, "_is_hip", None)}
 if out["has_gate"]:
+    class Model:  # built with the DP encoder: its tower splits a call's images
+        use_data_parallel = True
+
+        def get_image_feature(self, items):
+            raise AssertionError("the gate must not encode")
+
+    encoder = Model().get_image_feature  # what the scheduler passes the gate
     res = {}
     for dp in (True, False):
         publish_cpu_context(tp_size=2, rank=0, dp_encoder=dp)
-        res[str(dp)] = {"wrapped": ms._batch_vit_across_requests(),
-                        "original": ms._batch_vit_across_requests.__wrapped__(),
-                        "helper": mu.hip_dp_encoder_batches_vit()}
+        res[str(dp)] = {"wrapped": ms._batch_vit_across_requests(encoder),
+                        "original": ms._batch_vit_across_requests.__wrapped__(encoder),
+                        "helper": mu.hip_dp_encoder_batches_vit(encoder)}
     out["decisions"] = res
 out["platform_is_hip_after"] = bool(get_platform().is_hip)
 print("PROBE" + json.dumps(out))
