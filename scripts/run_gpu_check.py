@@ -4,10 +4,14 @@ Inside the archive this file is ``__main__.py``, so on the GPU box
 
     python gpu_vit_check_bare.pyz --out /tmp/gpu_vit_check
 
-unpacks the archive (once, into --workdir), puts its Python trees in front of
-``sys.path`` and runs ``gpu_vit_check.py`` with the given options (default:
-the Qwen3-VL-8B-sized tower on ``--device cuda``). The box needs only Python,
-a CUDA (or ROCm) torch and what torch itself depends on.
+unpacks the archive (once, into --workdir, default $TMPDIR/gpu_vit_check_bare),
+puts its Python trees in front of ``sys.path`` and runs ``gpu_vit_check.py``
+with the given options (default: the Qwen3-VL-8B-sized tower on ``--device
+cuda``). The box needs only Python, a CUDA (or ROCm) torch and what torch
+itself depends on. On cuda without ``--mm-attention-backend`` the runner
+passes ``triton_attn`` (SGLang's own choice on H100/H200, fa3, needs
+sgl_kernel or a kernel download); with no C compiler on PATH (Triton and
+torch.compile need one) it passes ``sdpa`` and sets TORCHDYNAMO_DISABLE=1.
 
 What the archive holds (``manifest.json`` lists it):
 
@@ -38,6 +42,7 @@ import importlib.util
 import json
 import os
 import runpy
+import shutil
 import sys
 import tempfile
 import time
@@ -178,26 +183,14 @@ def _option(args, name):
     return None
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    workdir, check_args = _split_args(argv)
-    if "-h" in check_args or "--help" in check_args:
-        print(__doc__)
-    cpu = _option(check_args, "--device") == "cpu" or ("--tiny" in check_args and _option(check_args, "--device") is None)
-    if cpu and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
-        # The check's CPU peak-RSS needs glibc's mmap threshold pinned at start;
-        # re-exec with the interpreter's own flags (-S, -I, ...) kept.
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = os.environ["MALLOC_TRIM_THRESHOLD_"] = str(128 * 1024)
-        os.execv(sys.executable, list(getattr(sys, "orig_argv", [sys.executable] + sys.argv)))
+def prepare(root: str):
+    """Put the unpacked archive at ``root`` first on ``sys.path`` (and on
+    PYTHONPATH for child processes) and install the stand-ins.
 
-    archive = _archive_path()
-    if archive:
-        root = _unpack(archive, workdir or os.path.join(tempfile.gettempdir(), "gpu_vit_check_bare"))
-    else:  # run from an unpacked copy
-        root = os.path.abspath(os.path.dirname(__file__))
+    Returns ``(manifest, stand-in finder, whether compiled wheels matched)``.
+    """
     with open(os.path.join(root, MANIFEST)) as f:
         manifest = json.load(f)
-
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     paths = [os.path.join(root, "scripts"), os.path.join(root, "site")]
     compiled = os.path.join(root, f"site-{tag}")
@@ -211,6 +204,39 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     finder = install_standins(manifest["standins"])
+    return manifest, finder, os.path.isdir(compiled)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    workdir, check_args = _split_args(argv)
+    if "-h" in check_args or "--help" in check_args:
+        print(__doc__)
+    device = _option(check_args, "--device") or ("cpu" if "--tiny" in check_args else "cuda")
+    notes = []
+    if device == "cuda" and _option(check_args, "--mm-attention-backend") is None:
+        # SGLang's own choice on Hopper/Blackwell (fa3/fa4) needs sgl_kernel or a
+        # kernel download; Triton ships with torch. Triton (and torch.compile)
+        # build their launchers with the system C compiler.
+        compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        backend = "triton_attn" if compiler else "sdpa"
+        check_args = check_args + ["--mm-attention-backend", backend]
+        notes.append(f"vision attention backend {backend} (the runner's default on a bare box)")
+        if not compiler:
+            os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+            notes.append("no C compiler on PATH: sdpa, and TORCHDYNAMO_DISABLE=1 (torch.compile'd helpers run eagerly)")
+    if device == "cpu" and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
+        # The check's CPU peak-RSS needs glibc's mmap threshold pinned at start;
+        # re-exec with the interpreter's own flags (-S, -I, ...) kept.
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = os.environ["MALLOC_TRIM_THRESHOLD_"] = str(128 * 1024)
+        os.execv(sys.executable, list(getattr(sys, "orig_argv", [sys.executable] + sys.argv)))
+
+    archive = _archive_path()
+    if archive:
+        root = _unpack(archive, workdir or os.path.join(tempfile.gettempdir(), "gpu_vit_check_bare"))
+    else:  # run from an unpacked copy
+        root = os.path.abspath(os.path.dirname(__file__))
+    manifest, finder, compiled = prepare(root)
 
     script = os.path.join(root, "scripts", "gpu_vit_check.py")
     sys.argv = [script] + check_args
@@ -226,8 +252,10 @@ def main(argv=None) -> int:
             archive=os.path.basename(archive) if archive else None,
             unpacked=root,
             python=sys.version.split()[0],
-            compiled_wheels_used=os.path.isdir(compiled),
+            compiled_wheels_used=compiled,
             standins_installed=sorted(finder.used),
+            notes=notes,
+            check_args=check_args,
             series=manifest.get("series"),
             sglang=manifest.get("sglang"),
             modules={name: getattr(sys.modules.get(name), "__file__", None)

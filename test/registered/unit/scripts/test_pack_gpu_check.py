@@ -82,8 +82,8 @@ def test_archive_is_one_file_under_64_mib_with_the_current_series(archive):
     assert "site/sglang/srt/managers/mm_schedule.py" in names
 
 
-def test_runs_the_check_with_only_the_archive_and_torch(archive, tmp_path):
-    torch_dir = _torch_only_dir(tmp_path / "torch-only")
+def test_runs_the_check_with_only_the_archive_and_torch(archive, torch_only, tmp_path):
+    torch_dir = torch_only
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHONPATH": str(torch_dir),
@@ -111,6 +111,89 @@ def test_runs_the_check_with_only_the_archive_and_torch(archive, tmp_path):
     assert report["requests"] == 3 and report["deterministic_bitwise_ok"]
     assert [c["cap"] for c in report["caps"]] == [64, None]
     assert (out / "gpu_vit_check.md").read_text().startswith("Device: CPU")
+
+
+@pytest.fixture(scope="module")
+def torch_only(tmp_path_factory):
+    return _torch_only_dir(tmp_path_factory.mktemp("torch") / "torch-only")
+
+
+@pytest.mark.parametrize("compiler", [True, False])
+def test_cuda_default_backend_on_a_bare_box(archive, torch_only, tmp_path, compiler):
+    """--device cuda with no backend given: triton_attn when a C compiler is on
+    PATH, else sdpa with torch.compile off. This CPU has no GPU, so the check
+    itself stops with its one-line error (exit 2) after the runner's choice."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if compiler:
+        cc = bin_dir / "cc"
+        cc.write_text("#!/bin/sh\nexit 1\n")
+        cc.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "PYTHONPATH": str(torch_only), "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-S", "-s", str(archive), "--workdir", str(tmp_path / "work"),
+                           "--device", "cuda", "--out", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "torch sees no GPU" in proc.stderr.strip().splitlines()[-1]
+    record = json.loads((out / "bare_runner.json").read_text())
+    args = record["check_args"]
+    assert args[args.index("--mm-attention-backend") + 1] == ("triton_attn" if compiler else "sdpa")
+    assert any("TORCHDYNAMO_DISABLE" in n for n in record["notes"]) is (not compiler)
+
+
+# SGLang's CUDA branch at import time (module-level `if _is_cuda:` imports),
+# from the unpacked archive, with torch told a Hopper GPU is there.
+_CUDA_IMPORTS = """
+import sys
+root = sys.argv[1]
+sys.path.insert(0, root)
+import run_gpu_check
+manifest, finder, compiled = run_gpu_check.prepare(root)
+import torch
+torch.cuda.is_available = lambda: True
+torch.cuda.device_count = lambda: 1
+torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H200"
+
+
+class _Props:
+    name, major, minor, total_memory, multi_processor_count = "NVIDIA H200", 9, 0, 140 << 30, 132
+
+
+torch.cuda.get_device_properties = lambda *a, **k: _Props()
+import gpu_vit_check  # noqa: F401
+from sglang.srt.configs.qwen3_vl import Qwen3VLConfig  # noqa: F401
+from sglang.srt.distributed.parallel_state import init_distributed_environment  # noqa: F401
+from sglang.srt.managers import mm_schedule  # noqa: F401
+from sglang.srt.managers.schedule_batch import MultimodalDataItem  # noqa: F401
+from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration  # noqa: F401
+from sglang.srt.runtime_context import publish  # noqa: F401
+from sglang.srt.server_args import ServerArgs  # noqa: F401
+from sglang.srt.layers.attention import vision
+assert vision._is_cuda, "the CUDA branch was not taken"
+import json
+print(json.dumps(dict(standins=sorted(finder.used), compiled=compiled,
+                      sglang=sys.modules["sglang"].__file__)))
+"""
+
+
+def test_cuda_branch_imports_resolve_from_the_archive(archive, torch_only, tmp_path):
+    work = tmp_path / "work"
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(work)
+    probe = tmp_path / "cuda_imports.py"
+    probe.write_text(_CUDA_IMPORTS)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHONPATH": str(torch_only),
+           "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-S", "-s", str(probe), str(work)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["sglang"].startswith(str(work)) and seen["compiled"]
+    # The CUDA kernels package is imported at module level there and stood in for.
+    assert "sgl_kernel" in seen["standins"]
 
 
 @pytest.mark.parametrize("bad,message", [
