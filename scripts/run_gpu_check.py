@@ -46,6 +46,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 import types
 import zipfile
 
@@ -241,11 +242,14 @@ def main(argv=None) -> int:
     script = os.path.join(root, "scripts", "gpu_vit_check.py")
     sys.argv = [script] + check_args
     t0 = time.perf_counter()
-    status = 0
+    status, error = 0, None
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception as e:  # e.g. BareStandInCalled: recorded, then shown
+        traceback.print_exc()
+        status, error = 1, f"{type(e).__name__}: {e}"
     out = _option(check_args, "--out")
     if out and os.path.isdir(out):
         record = dict(
@@ -263,6 +267,7 @@ def main(argv=None) -> int:
             sys_path=list(sys.path),
             check_seconds=time.perf_counter() - t0,
             exit_status=status,
+            error=error,
         )
         with open(os.path.join(out, "bare_runner.json"), "w") as f:
             json.dump(record, f, indent=1)

@@ -78,7 +78,8 @@ def test_archive_is_one_file_under_64_mib_with_the_current_series(archive):
     assert stamp["patches"] == series == manifest["series"]["patches"]
     assert "__main__.py" in names and "scripts/gpu_vit_check.py" in names
     # No compiled extension of the sglang wheel, and compiled wheels only in site-cpXY/.
-    assert not [n for n in names if n.endswith(".so") and not n.startswith(manifest["compiled_python"].join(["site-", "/"]))]
+    compiled_dir = f"site-{manifest['compiled_python']}/"
+    assert not [n for n in names if n.endswith(".so") and not n.startswith(compiled_dir)]
     assert "site/sglang/srt/managers/mm_schedule.py" in names
 
 
@@ -105,7 +106,7 @@ def test_runs_the_check_with_only_the_archive_and_torch(archive, torch_only, tmp
     with zipfile.ZipFile(archive) as z:
         standins = json.loads(z.read("manifest.json"))["standins"]
     assert set(record["standins_installed"]) <= set(standins)
-    assert record["exit_status"] == 0
+    assert record["exit_status"] == 0 and record["error"] is None
 
     report = json.loads((out / "gpu_vit_check.json").read_text())
     assert report["requests"] == 3 and report["deterministic_bitwise_ok"]
@@ -194,6 +195,44 @@ def test_cuda_branch_imports_resolve_from_the_archive(archive, torch_only, tmp_p
     assert seen["sglang"].startswith(str(work)) and seen["compiled"]
     # The CUDA kernels package is imported at module level there and stood in for.
     assert "sgl_kernel" in seen["standins"]
+
+
+_STANDIN_BEHAVIOUR = """
+import importlib.util, json, sys
+sys.path.insert(0, sys.argv[1])
+import run_gpu_check as R
+finder = R.install_standins(["fork_absent_pkg", "json"])
+import fork_absent_pkg.kernels as k
+from fork_absent_pkg import rmsnorm
+out = {}
+try:
+    rmsnorm(1)
+except R.BareStandInCalled as e:
+    out["called"] = str(e)
+class Sub(k.Op):  # subclassing at import time works; instantiating does not
+    pass
+try:
+    Sub()
+except R.BareStandInCalled as e:
+    out["instantiated"] = str(e)
+out["probe"] = importlib.util.find_spec("fork_absent_pkg")
+out["real_json_wins"] = json.__file__ is not None and not getattr(json, "__bare_standin__", False)
+out["used"] = sorted(finder.used)
+print(json.dumps(out))
+"""
+
+
+def test_standins_raise_when_used_and_look_absent_to_probes(tmp_path):
+    probe = tmp_path / "standins.py"
+    probe.write_text(_STANDIN_BEHAVIOUR)
+    proc = subprocess.run([sys.executable, str(probe), str(REPO / "scripts")], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "fork_absent_pkg.rmsnorm" in out["called"]
+    assert "fork_absent_pkg.kernels.Op" in out["instantiated"]
+    assert out["probe"] is None and out["real_json_wins"]
+    assert out["used"] == ["fork_absent_pkg"]
 
 
 @pytest.mark.parametrize("bad,message", [
