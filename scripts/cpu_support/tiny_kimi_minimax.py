@@ -1,0 +1,227 @@
+"""Tiny random-weight Kimi-VL, Kimi K2.5, Kimi K3 and MiniMax-VL vision towers, on CPU.
+
+Each builder constructs SGLang's REAL tower class from the model's REAL
+config class (``MoonViTConfig``, ``KimiK25VisionConfig``,
+``KimiK3VisionConfig``, MiniMax's ``CLIPVisionConfig``), with tiny sizes and
+seeded weights, exactly as the full model's ``__init__`` builds it (the DP
+encoder flag read from the published runtime context, where the model reads
+it). The language models (DeepSeek-V2/V3, Kimi-Linear, MiniMax-M3 MoE) are
+not built: only the towers run under the DP encoder.
+
+Widths are picked so that no width equals another or a warm-up patch count
+(Dynamo duck-sizes equal sizes into one symbol): hidden 80, 4 heads of 20,
+MLP 112; the learnable position embedding keeps the real 64x64 grid.
+
+Call :func:`publish_cpu_context` (and :func:`init_gloo`) before building.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+from cpu_support.standins import prepare_cpu_process
+
+prepare_cpu_process()
+
+import torch  # noqa: E402
+
+from cpu_support.seeded_model import default_dtype, fill_weights_  # noqa: E402
+from cpu_support.tiny_qwen3_vl import init_gloo, publish_cpu_context  # noqa: E402,F401
+
+# Shared tiny sizes (head dim 20 is a multiple of 4, as MoonViT's 2D RoPE needs).
+TINY_HIDDEN = 80
+TINY_HEADS = 4
+TINY_MLP = 112
+TINY_LAYERS = 2
+POS_EMB = 64  # the real checkpoints' init_pos_emb_height/width
+
+TINY_MOONVIT = dict(
+    patch_size=14,
+    init_pos_emb_height=POS_EMB,
+    init_pos_emb_width=POS_EMB,
+    num_attention_heads=TINY_HEADS,
+    num_hidden_layers=TINY_LAYERS,
+    hidden_size=TINY_HIDDEN,
+    intermediate_size=TINY_MLP,
+    merge_kernel_size=(2, 2),
+)
+
+TINY_K25_VISION = dict(TINY_MOONVIT, init_pos_emb_time=4, text_hidden_size=96)
+
+# K3: attention width (qkv_hidden_size) differs from the residual width, as in
+# the real config (1536 vs 1024); 4 heads of 24.
+TINY_K3_VISION = dict(
+    patch_size=14,
+    init_pos_emb_height=POS_EMB,
+    init_pos_emb_width=POS_EMB,
+    init_pos_emb_time=4,
+    vt_num_attention_heads=TINY_HEADS,
+    vt_num_hidden_layers=TINY_LAYERS,
+    vt_hidden_size=TINY_HIDDEN,
+    vt_intermediate_size=TINY_MLP,
+    qkv_hidden_size=96,
+    text_hidden_size=88,
+)
+
+# MiniMax-VL's CLIP tower: patch 14, Conv3d over 2 frames, 3D RoPE over
+# 3 * 2 * ((head_dim // 3) // 2) = 18 of the head's 20 dims (the real tower
+# rotates 78 of 80, trailing dims pass through).
+TINY_MINIMAX_VISION = dict(
+    hidden_size=TINY_HIDDEN,
+    intermediate_size=TINY_MLP,
+    num_hidden_layers=TINY_LAYERS,
+    num_attention_heads=TINY_HEADS,
+    num_channels=3,
+    image_size=336,
+    patch_size=14,
+    hidden_act="gelu",
+    layer_norm_eps=1e-5,
+    img_token_compression_config={"temporal_patch_size": 2, "spatial_merge_size": 2},
+    position_embedding_type="rope",
+    rope_mode="3d",
+    rope_theta=10000.0,
+    vision_segment_max_frames=None,
+)
+TINY_MINIMAX_TEXT_HIDDEN = 96
+
+
+def _dp_encoder() -> bool:
+    from sglang.srt.runtime_context import get_mm
+
+    return bool(get_mm().mm_enable_dp_encoder)
+
+
+def _finish(tower: torch.nn.Module, seed: int) -> torch.nn.Module:
+    fill_weights_(tower, seed)
+    return tower.eval()
+
+
+def build_tiny_kimi_vl_tower(*, seed: int = 0, dtype=torch.float32, **overrides):
+    """Kimi-VL's ``MoonVitPretrainedModel`` (``model.vision_tower``).
+
+    MoonViT's ``Rope2DPosEmb`` takes its device from ``get_device()`` at
+    build time (CUDA when torch sees none raises); on CPU it is pointed at
+    "cpu" first.
+    """
+    from sglang.srt.configs.kimi_vl_moonvit import MoonViTConfig
+    from sglang.srt.models import kimi_vl_moonvit
+
+    kimi_vl_moonvit.get_device = lambda *a, **k: "cpu"
+    config = MoonViTConfig(**dict(TINY_MOONVIT, **overrides))
+    with default_dtype(dtype):
+        tower = kimi_vl_moonvit.MoonVitPretrainedModel(
+            config, prefix="vision_tower", use_data_parallel=_dp_encoder()
+        )
+    return _finish(tower, seed)
+
+
+def build_tiny_kimi_k25_tower(*, seed: int = 0, dtype=torch.float32, **overrides):
+    """Kimi K2.5's ``MoonViT3dPretrainedModel`` (``model.vision_tower``)."""
+    from sglang.srt.configs.kimi_k25 import KimiK25VisionConfig
+    from sglang.srt.models.kimi_k25 import MoonViT3dPretrainedModel
+
+    config = KimiK25VisionConfig(**dict(TINY_K25_VISION, **overrides))
+    with default_dtype(dtype):
+        tower = MoonViT3dPretrainedModel(
+            config, use_data_parallel=_dp_encoder(), prefix="vision_tower"
+        )
+    return _finish(tower, seed)
+
+
+def build_tiny_kimi_k3_tower(*, seed: int = 0, dtype=torch.float32, **overrides):
+    """Kimi K3's ``KimiK3VisionTower`` (``model.vision_tower``); always replicated."""
+    from sglang.srt.configs.kimi_k3 import KimiK3VisionConfig
+    from sglang.srt.models.kimi_k3_vl import KimiK3VisionTower
+
+    config = KimiK3VisionConfig(**dict(TINY_K3_VISION, **overrides))
+    with default_dtype(dtype):
+        tower = KimiK3VisionTower(config)
+    return _finish(tower, seed)
+
+
+def build_tiny_minimax_vl_tower(*, seed: int = 0, dtype=torch.bfloat16, **overrides):
+    """MiniMax-VL's ``MiniMaxVLVisionModel`` (``model.vision_tower``).
+
+    bf16 by default: the tower asserts bf16 pixels, and its patch embedding
+    converts itself to the pixels' dtype.
+    """
+    from sglang.srt.models.minimax_vl_common import (
+        CLIPVisionConfig,
+        MiniMaxVLVisionModel,
+    )
+
+    config = CLIPVisionConfig.from_dict(dict(TINY_MINIMAX_VISION, **overrides))
+    with default_dtype(dtype):
+        tower = MiniMaxVLVisionModel(
+            config=config,
+            text_hidden_size=TINY_MINIMAX_TEXT_HIDDEN,
+            quant_config=None,
+            prefix="vision_tower",
+        )
+    return _finish(tower, seed)
+
+
+# ---------------------------------------------------------------------------
+# How each family's DP runner hands a rank its share (for warm-up and sweeps).
+
+
+def moonvit_patch_shape(tower) -> Tuple[int, ...]:
+    """Kimi-VL / K2.5 / K3: one patch is an unflattened image tile (C, P, P)."""
+    ph, pw = tower.patch_embed.patch_size
+    return (tower.patch_embed.proj.in_channels, ph, pw)
+
+
+def minimax_patch_shape(tower) -> Tuple[int, ...]:
+    """MiniMax-VL: flattened rows of C * T * P * P values."""
+    emb = tower.vision_model.embeddings
+    return (emb.input_num_channels * emb.temporal_patch_size * emb.patch_size**2,)
+
+
+# family -> (builder, rope_type, pass_grid_thw_list, patch_shape, grid kind)
+FAMILIES: Dict[str, Tuple[Callable[..., Any], str, bool, Callable, str]] = {
+    "kimi_vl": (build_tiny_kimi_vl_tower, "rope_2d", False, moonvit_patch_shape, "hw"),
+    "kimi_k25": (
+        build_tiny_kimi_k25_tower,
+        "rope_2d_packed",
+        False,
+        moonvit_patch_shape,
+        "thw",
+    ),
+    "kimi_k3": (build_tiny_kimi_k3_tower, "rope_2d", True, moonvit_patch_shape, "thw"),
+    "minimax_vl": (
+        build_tiny_minimax_vl_tower,
+        "rope_3d",
+        False,
+        minimax_patch_shape,
+        "thw",
+    ),
+}
+
+
+def as_family_grid(grid: Sequence[int], kind: str) -> List[int]:
+    """A (t, h, w) grid in the family's format: (h, w) for Kimi-VL (t must be 1)."""
+    grid = [int(d) for d in grid]
+    if kind == "hw":
+        if len(grid) == 3:
+            assert grid[0] == 1, grid
+            grid = grid[1:]
+        return grid
+    return grid if len(grid) == 3 else [1, *grid]
+
+
+def run_rank_share(tower, call, *, family: str, seed: int = 0):
+    """One tower call on dummy pixels, as the DP runner calls a rank's share."""
+    from sglang.srt.multimodal.vision_warmup import (
+        _tower_device_dtype,
+        call_tower_on_rank_share,
+    )
+
+    _, rope_type, pass_list, patch_shape, kind = FAMILIES[family]
+    grids = [as_family_grid(g, kind) for g in call]
+    device, dtype = _tower_device_dtype(tower)
+    n = sum(math.prod(g) for g in grids)
+    gen = torch.Generator().manual_seed(seed)
+    pixels = torch.randn((n, *patch_shape(tower)), generator=gen)
+    pixels = pixels.to(device=device, dtype=dtype)
+    return call_tower_on_rank_share(tower, pixels, grids, rope_type, pass_list)
