@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-command CPU environment: .venv with torch, sglang 0.5.23 (--no-deps), the
-# exact-pinned CPU requirements, the CPU stand-ins, and the patch series applied.
+# exact-pinned CPU requirements, SGLang's linters (requirements/lint.txt), the CPU
+# stand-ins, and the patch series applied.
 # Safe to re-run: installs are skipped while the requirement files are unchanged,
 # and applying the series twice is a no-op.
 set -euo pipefail
@@ -37,6 +38,7 @@ if [ ! -f "$STAMP" ]; then
   $PIP install --no-deps -r requirements/sglang.txt 2>&1 | quiet
   $PIP install -r requirements/cpu.txt 2>&1 | quiet
   $PIP install -r requirements/server.txt 2>&1 | quiet
+  $PIP install -r requirements/lint.txt 2>&1 | quiet   # scripts/lint_series.py
   for pkg in scripts/cpu_support/standin_pkgs/*/; do
     [ -f "$pkg/pyproject.toml" ] && $PIP install --no-deps --force-reinstall "$pkg" 2>&1 | quiet
   done
