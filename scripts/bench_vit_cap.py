@@ -27,8 +27,17 @@ busiest rank); with one torch thread per process the CPU time is the step's
 compute and does not grow with other load on a shared machine, so the
 per-patch cost and the knee use it.
 
+Splitter table (``--splitter-only`` prints just it, in a few seconds): the
+scheduler-side milliseconds per step that splitting a step's cache misses
+into capped calls costs (``vit_batching.encoder_call_groups``; no encoding),
+at 64, 512 and 1024 images of 64 patches, cap 16384, attention-TP 2, next to
+the pre-fix algorithm (the series before issue 12), which re-ran the DP load
+balancer on the growing call for every image. Both must give the same calls;
+the run stops with an error if they do not.
+
 Example (the docs/benchmarks.md table):
     .venv/bin/python scripts/bench_vit_cap.py --caps 1,512,1024,2048,4096,none
+    .venv/bin/python scripts/bench_vit_cap.py --splitter-only
 """
 
 from __future__ import annotations
@@ -100,6 +109,85 @@ def _point(rank, world_size, init_method, cfg, cap):
     }
 
 
+SPLITTER_IMAGES = (64, 512, 1024)
+SPLITTER_PATCHES = 64  # patches per image
+SPLITTER_CAP = 16384  # --mm-max-encoder-patches-per-call
+SPLITTER_RANKS = 2  # attention-TP width of the DP encoder
+
+
+def prefix_call_groups(patches, cap, ranks):
+    """The pre-fix splitter (the cap patch before issue 12), kept here as the
+    reference: walk the images in order and, for each one, ask SGLang's DP
+    load balancer for the busiest rank's share of the current call plus that
+    image; over the cap closes the call. One balancer run (a sort of the
+    whole trial list) per image: quadratic and worse in the call's length."""
+    from sglang.srt.multimodal.mm_utils import get_dp_encoder_lb_assignment
+
+    if not patches:
+        return []
+    if cap is None:
+        return [list(range(len(patches)))]
+    groups, current = [], []
+    for index, size in enumerate(patches):
+        if current:
+            trial = [patches[i] for i in current] + [size]
+            if ranks <= 1:
+                busiest = sum(trial)
+            else:
+                busiest = max(get_dp_encoder_lb_assignment(trial, ranks)[2])
+            if busiest > cap:
+                groups.append(current)
+                current = []
+        current.append(index)
+    groups.append(current)
+    return groups
+
+
+def _ms_per_step(split, patches, cap, ranks, budget_s, max_steps):
+    """Median CPU milliseconds (process time: robust to other load on a shared
+    machine) of ``split(patches, cap, ranks)`` over at least one step,
+    repeated while the budget lasts (at most ``max_steps``)."""
+    times, spent = [], 0.0
+    while not times or (spent < budget_s and len(times) < max_steps):
+        t0 = time.process_time()
+        groups = split(patches, cap, ranks)
+        dt = time.process_time() - t0
+        times.append(dt)
+        spent += dt
+    return 1000 * statistics.median(times), groups
+
+
+def splitter_rows(images=SPLITTER_IMAGES, patches=SPLITTER_PATCHES, cap=SPLITTER_CAP,
+                  ranks=SPLITTER_RANKS, budget_s=0.3):
+    """One row per image count: calls, ms per step now and before the fix,
+    and whether both gave the same calls."""
+    # Both import here, so that no timed step pays for an import.
+    from sglang.srt.multimodal.mm_utils import get_dp_encoder_lb_assignment  # noqa: F401
+    from sglang.srt.multimodal.vit_batching import encoder_call_groups
+
+    rows = []
+    for n in images:
+        sizes = [patches] * n
+        now_ms, now = _ms_per_step(encoder_call_groups, sizes, cap, ranks, budget_s, 200)
+        old_ms, old = _ms_per_step(prefix_call_groups, sizes, cap, ranks, budget_s, 5)
+        rows.append(dict(images=n, calls=len(now), now_ms=now_ms, prefix_ms=old_ms,
+                         same_groups=now == old))
+    return rows
+
+
+def splitter_table(rows, patches=SPLITTER_PATCHES, cap=SPLITTER_CAP, ranks=SPLITTER_RANKS):
+    head = (f"Splitter, scheduler side: images of {patches} patches, cap {cap} patches per "
+            f"rank per call, attention-TP {ranks} (DP encoder); median CPU ms per step "
+            f"of splitting the step's cache misses into calls (no encoding).\n")
+    table = U.markdown_table(
+        ["images", "calls", "encoder_call_groups (ms)", "pre-fix: balancer per image (ms)",
+         "same calls"],
+        [[r["images"], r["calls"], f"{r['now_ms']:.3f}", f"{r['prefix_ms']:.1f}",
+          "yes" if r["same_groups"] else "NO"] for r in rows],
+    )
+    return head + "\n" + table
+
+
 def knee(rows, tolerance: float):
     """The smallest cap whose per-patch time is within ``tolerance`` of the
     best of the setting (None = uncapped): where the per-patch cost stops
@@ -125,7 +213,15 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     p.add_argument("--knee-tolerance", type=float, default=0.05,
                    help="knee = smallest cap within this fraction of the best ms per 1k patches")
+    p.add_argument("--splitter-only", action="store_true",
+                   help="print only the splitter table (scheduler-side ms per step, now vs pre-fix)")
     args = p.parse_args(argv)
+    if args.splitter_only:
+        rows = splitter_rows()
+        print(splitter_table(rows))
+        if not all(r["same_groups"] for r in rows):
+            sys.exit("bench_vit_cap: encoder_call_groups and the pre-fix splitter disagree")
+        return {"splitter": rows}
     settings = {"1proc": ("1 process", 1), "dp2": ("DP encoder, 2 gloo ranks", 2)}
     chosen = [s.strip() for s in args.settings.split(",") if s.strip()]
     for s in chosen:
@@ -199,6 +295,12 @@ def main(argv=None):
         k = knee(results[key], args.knee_tolerance)
         print(f"Knee, {settings[key][0]}: cap {'none' if k is None else k} (smallest cap within "
               f"{100 * args.knee_tolerance:.0f}% of the best CPU ms per 1k patches)")
+    splitter = splitter_rows()
+    print()
+    print(splitter_table(splitter))
+    if not all(r["same_groups"] for r in splitter):
+        sys.exit("bench_vit_cap: encoder_call_groups and the pre-fix splitter disagree")
+    results["splitter"] = splitter
     print(f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'scripts/bench_vit_cap.py'] + (sys.argv[1:] if argv is None else list(argv)))}")
     print(f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     return results

@@ -1,0 +1,60 @@
+"""scripts/bench_vit_cap.py's splitter row: it runs, and the splitter the
+series ships (``vit_batching.encoder_call_groups``) gives the same calls as
+the pre-fix algorithm the bench keeps as its reference."""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+
+import math
+import random
+
+import pytest
+
+import bench_vit_cap as B
+from sglang.srt.multimodal import vit_batching
+
+
+def test_splitter_only_prints_the_three_rows_with_equal_calls(capsys):
+    result = B.main(["--splitter-only"])
+    out = capsys.readouterr().out
+    rows = result["splitter"]
+    assert [r["images"] for r in rows] == [64, 512, 1024]
+    # 64-patch images, 16384 patches per rank, 2 ranks: 512 images per call
+    assert [r["calls"] for r in rows] == [1, 1, 2]
+    assert all(r["same_groups"] for r in rows)
+    assert all(r["now_ms"] >= 0 and r["prefix_ms"] > 0 for r in rows)
+    table = [ln for ln in out.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert [ln.split("|")[1].strip() for ln in table] == ["64", "512", "1024"]
+    assert all(ln.rstrip(" |").endswith("yes") for ln in table)
+
+
+def test_a_splitter_that_disagrees_stops_the_bench(monkeypatch, capsys):
+    def one_image_per_call(patches, cap, ranks=1):
+        return [[i] for i in range(len(patches))]
+
+    monkeypatch.setattr(vit_batching, "encoder_call_groups", one_image_per_call)
+    with pytest.raises(SystemExit, match="disagree"):
+        B.main(["--splitter-only"])
+    assert "| NO |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("n, patches, cap, ranks", [(64, 64, 1024, 2), (100, 16, 100, 1), (37, 64, 64, 4)])
+def test_prefix_reference_splits_uniform_images_into_full_calls(n, patches, cap, ranks):
+    per_call = max(1, cap * ranks // patches) if ranks > 1 else max(1, cap // patches)
+    groups = B.prefix_call_groups([patches] * n, cap, ranks)
+    assert [len(g) for g in groups[:-1]] == [per_call] * (len(groups) - 1)
+    assert len(groups) == math.ceil(n / per_call)
+    assert [i for g in groups for i in g] == list(range(n))
+
+
+def test_encoder_call_groups_matches_the_prefix_reference_on_mixed_sizes():
+    rng = random.Random(12)
+    for _ in range(300):
+        ranks = rng.choice([1, 2, 3, 4])
+        cap = rng.randint(1, 3000)
+        sizes = [rng.choice([1, 16, 64, 256, 1024, rng.randint(1, 2000)])
+                 for _ in range(rng.randint(1, 40))]
+        assert vit_batching.encoder_call_groups(sizes, cap, ranks) == B.prefix_call_groups(
+            sizes, cap, ranks
+        ), (sizes, cap, ranks)
