@@ -59,9 +59,8 @@ def _reexec_in_venv() -> None:
         import isort  # noqa: F401
     except ImportError:
         venv_python = os.path.join(ROOT, ".venv", "bin", "python")
-        if os.path.realpath(sys.executable) != os.path.realpath(venv_python) and (
-            os.path.exists(venv_python)
-        ):
+        in_venv = os.path.realpath(sys.prefix) == os.path.realpath(os.path.join(ROOT, ".venv"))
+        if not in_venv and os.path.exists(venv_python):
             os.execv(venv_python, [venv_python, os.path.abspath(__file__)] + sys.argv[1:])
         sys.exit(
             "lint_series: black/isort are not installed; run `make setup` "
