@@ -1,34 +1,54 @@
-"""Compile audit of the post-load vision warm-up, on CPU (docs/warmup.md).
+"""Per-family compile audit of the post-load vision warm-up, on CPU (docs/warmup.md).
 
-For the tiny Qwen3-VL and GLM-5-Next towers (SGLang's real classes), each case
-in a fresh process: warm the tower with the grids the patch ships (or none,
-or only the first), then run a serving sweep from the 16-token floor to the
-8000-token ceiling, one tower call per entry, the way the DP encoder calls a
-rank's tower. Compiles are Dynamo's own counter (``frames.ok``, one per
-compiled or recompiled frame); seconds are wall time on this machine.
+For each registered family, SGLang's real model class is built with tiny
+random weights, and each case runs in a fresh process (nothing compiled
+yet): warm the tower with the calls the patch ships for that model
+(``vision_warm_up_plan(model).calls``, read from the installed series), or
+with none, or with the first call only; then run the serving sweep
+(``SERVING_SWEEP`` then ``CEILING_CALL``), one tower call each, handed over
+exactly as the DP encoder hands a rank its share (``call_tower_on_rank_share``
+with the plan's ``rope_type`` and patch layout). Compiles are Dynamo's own
+counter (``counters["frames"]["ok"]``, one per compiled or recompiled frame)
+plus the cache entries of the family's compiled functions; seconds are wall
+time on this machine.
 
-    .venv/bin/python scripts/vision_warmup_audit.py [--fresh-inductor-cache]
+    .venv/bin/python scripts/vision_warmup_audit.py                 # every family, every mode
+    .venv/bin/python scripts/vision_warmup_audit.py --family glm4v --mode shipped
+    .venv/bin/python scripts/vision_warmup_audit.py --list
 
 ``--fresh-inductor-cache`` points TORCHINDUCTOR_CACHE_DIR at an empty folder
 so the warm-up pays full Inductor code generation, as on a first launch.
+``--json PATH`` also writes every case's numbers.
+
+Adding a family is one ``FAMILIES`` entry: a name, its model variants (a
+label and a tiny builder each, as ``"module:function"`` plus keyword
+arguments, built after the CPU runtime context and gloo groups exist) and
+the compiled functions (``"module:attribute"``) whose Dynamo cache entries
+to report. The tower, its grids, its rope type and its patch layout all come
+from the model's warm-up plan, so a family without a plan is reported as such.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import math
 import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
 # The serving sweep (tower calls), as the DP encoder hands a rank its share:
 # the 16-token floor of --mm-process-config (8x8 patches, and a 2x32 strip, the
 # floor at a 1:16 aspect), multi-image calls, a 6144-patch image. The tests
-# sweep these too (test_vision_warmup.py).
+# sweep these too (test_vision_warmup.py, test_vision_warmup_families.py).
 SERVING_SWEEP = [
     [(1, 8, 8)],
     [(1, 2, 32)],
@@ -47,106 +67,256 @@ SERVING_SWEEP = [
 CEILING_CALL = [(1, 32, 32)] * 31 + [(1, 16, 16)]
 SWEEP = SERVING_SWEEP + [CEILING_CALL]
 
+# Compiled functions seen by the towers (module:attribute).
+ROTARY = "sglang.srt.layers.attention.vision:apply_rotary_pos_emb"
+GLM5_SWIGLU = "sglang.srt.models.glm5_next:swiglu_clamped"
 
-def _shipped_calls(kind):
-    if kind == "qwen3_vl":
-        from sglang.srt.models.qwen3_vl import qwen3_vl_vision_warm_up_calls
-
-        return qwen3_vl_vision_warm_up_calls()
-    from sglang.srt.models.glm5_next import _VISION_WARM_UP_GRIDS
-
-    return [[grid] for grid in _VISION_WARM_UP_GRIDS]
+TINY = "cpu_support.tiny_vl_family"
 
 
-def _case(rank, world_size, init_method, kind, warm):
+@dataclass(frozen=True)
+class Variant:
+    """One model class of a family: a label and how to build it tiny."""
+
+    label: str
+    builder: str  # "module:function"
+    kwargs: Tuple[Tuple[str, object], ...] = ()
+
+    def build(self):
+        module, name = self.builder.split(":")
+        return getattr(importlib.import_module(module), name)(**dict(self.kwargs))
+
+
+@dataclass(frozen=True)
+class Family:
+    variants: Tuple[Variant, ...]
+    compiled: Tuple[str, ...] = (ROTARY,)
+    note: str = ""
+
+
+# family name -> its variants and compiled functions. One entry per family.
+FAMILIES: Dict[str, Family] = {
+    "qwen3_vl": Family(
+        (Variant("Qwen3-VL", "cpu_support.tiny_qwen3_vl:build_tiny_qwen3_vl"),),
+    ),
+    "glm5_next": Family(
+        (Variant("GLM-5-Next", f"{TINY}:build_tiny_glm5_next"),),
+        compiled=(ROTARY, GLM5_SWIGLU),
+    ),
+    "qwen2_5_vl": Family(
+        (Variant("Qwen2.5-VL", f"{TINY}:build_tiny_qwen2_5_vl"),),
+    ),
+    "glm4v": Family(
+        (
+            Variant("GLM-4V", f"{TINY}:build_tiny_glm4v"),
+            Variant("GLM-4.5V-MoE", f"{TINY}:build_tiny_glm4v", (("moe", True),)),
+        ),
+    ),
+    "bailing_mm": Family(
+        (
+            Variant("Bailing MM2 (Qwen3-VL tower)", f"{TINY}:build_tiny_bailing_mm"),
+            Variant(
+                "Bailing MM (Qwen2.5-VL tower)",
+                f"{TINY}:build_tiny_bailing_mm",
+                (("vision", "qwen2_5"),),
+            ),
+        ),
+    ),
+    "bailing_moe_v3_vl": Family(
+        (Variant("Ling-3 VL", f"{TINY}:build_tiny_bailing_moe_v3_vl"),),
+    ),
+}
+
+MODES = ("shipped", "none", "first")
+
+
+def _resolve(path: str):
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _cache_entries(fn) -> int:
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    code = getattr(fn, "_torchdynamo_orig_callable", fn).__code__
+    return len(_debug_get_cache_entry_list(code))
+
+
+def _case(rank, world_size, init_method, family_name, variant_index, mode):
+    """One case, in a fresh process: build, warm up per ``mode``, sweep."""
     import torch
     from torch._dynamo.utils import counters
 
     from cpu_support import tiny_qwen3_vl as T
-    from cpu_support import tiny_vl_family as F
-    from sglang.srt.multimodal.mm_utils import _dummy_patch_dim, warm_up_vision_tower
+    from sglang.srt.multimodal.vision_warmup import (
+        call_tower_on_rank_share,
+        vision_warm_up_plan,
+        warm_up_vision_tower,
+    )
     from sglang.srt.utils.common import DynamicGradMode
 
+    family = FAMILIES[family_name]
+    variant = family.variants[variant_index]
     T.publish_cpu_context(tp_size=1, dp_encoder=True)
     T.init_gloo(rank, world_size, init_method)
-    model = T.build_tiny_qwen3_vl() if kind == "qwen3_vl" else F.build_tiny_glm5_next()
-    tower = model.visual
-    calls = _shipped_calls(kind)
-    if warm == "first grid":
-        calls = calls[:1]
-    elif warm == "none":
-        calls = []
+    model = variant.build()
+    plan = vision_warm_up_plan(model)
+    result = dict(
+        family=family_name,
+        variant=variant.label,
+        model_class=type(model).__name__,
+        mode=mode,
+        plan=None,
+    )
+    if plan is None:
+        return result
+    tower = getattr(model, plan.tower)
+    shipped = [[tuple(g) for g in call] for call in plan.calls]
+    calls = {"shipped": shipped, "first": shipped[:1], "none": []}[mode]
+    fns = {path.split(":")[1]: _resolve(path) for path in family.compiled}
 
-    def compiled():
+    def frames() -> int:
         return int(counters["frames"]["ok"])
 
+    result.update(
+        plan=dict(
+            tower=plan.tower,
+            tower_class=type(tower).__name__,
+            rope_type=plan.rope_type,
+            calls=shipped,
+        ),
+        calls=calls,
+        before=frames(),
+    )
     start = time.perf_counter()
     if calls:
-        warm_up_vision_tower(tower, calls)
-    warm_s = time.perf_counter() - start
-    after_warm = compiled()
+        warm_up_vision_tower(
+            tower,
+            calls,
+            rope_type=plan.rope_type,
+            pass_grid_thw_list=plan.pass_grid_thw_list,
+            patch_shape=plan.patch_shape(tower),
+        )
+    result["warm_s"] = time.perf_counter() - start
+    result["warm_compiles"] = frames() - result["before"]
+    result["entries_after_warm_up"] = {k: _cache_entries(f) for k, f in fns.items()}
+
+    shape = plan.patch_shape(tower)
+    param = next(tower.parameters())
     per_call = []
-    width = _dummy_patch_dim(tower)
+    start = time.perf_counter()
     with DynamicGradMode():
         for call in SWEEP:
-            before = compiled()
+            before = frames()
             n = sum(math.prod(g) for g in call)
-            tower(torch.randn(n, width), torch.tensor(call))
-            per_call.append(compiled() - before)
-    return dict(
-        calls=calls,
-        warm_s=warm_s,
-        warm_compiles=after_warm,
-        sweep_compiles=compiled() - after_warm,
-        per_call=per_call,
-    )
+            pixels = torch.randn((n, *shape)).to(param.device, param.dtype)
+            call_tower_on_rank_share(
+                tower, pixels, [list(g) for g in call], plan.rope_type,
+                plan.pass_grid_thw_list,
+            )
+            per_call.append(frames() - before)
+    result["sweep_s"] = time.perf_counter() - start
+    result["per_call"] = per_call
+    result["sweep_compiles"] = sum(per_call)
+    result["entries_after_sweep"] = {k: _cache_entries(f) for k, f in fns.items()}
+    return result
 
 
-def _run_case(run_on_ranks, kind, warm, attempts=3):
-    """One case in a fresh process; retried when its gloo port was taken."""
+def run_case(family_name: str, variant_index: int, mode: str, attempts: int = 3):
+    """One case in a fresh (spawned) process; retried when its gloo port was taken."""
+    from cpu_support.ranks import run_on_ranks
+
     for attempt in range(attempts):
         try:
-            return run_on_ranks(_case, 1, kind, warm, timeout=900)[0]
+            return run_on_ranks(
+                _case, 1, family_name, variant_index, mode, timeout=900
+            )[0]
         except Exception as exc:  # RankFailed carries the rank's traceback
             if "EADDRINUSE" not in str(exc) or attempt == attempts - 1:
                 raise
 
 
-def main():
+def fmt_call(call) -> str:
+    """``[1,32,32]``; repeats of one grid as ``6x[1,8,8]``; images joined by +."""
+    runs: List[list] = []
+    for grid in call:
+        if runs and runs[-1][0] == tuple(grid):
+            runs[-1][1] += 1
+        else:
+            runs.append([tuple(grid), 1])
+    text = []
+    for grid, count in runs:
+        one = "[" + ",".join(str(int(d)) for d in grid) + "]"
+        text.append(one if count == 1 else f"{count}x{one}")
+    return "+".join(text)
+
+
+def fmt_calls(calls) -> str:
+    return " ".join(fmt_call(c) for c in calls) or "-"
+
+
+def family_table(family_name: str, results: List[dict]) -> str:
+    lines = [
+        f"### {family_name}",
+        "",
+        "| model class (tiny) | tower | warm-up | grids (tower calls) "
+        "| compiles in warm-up | compiles after ready (sweep) | per sweep call "
+        "| cache entries after warm-up / sweep | warm-up s (CPU) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if r["plan"] is None:
+            lines.append(
+                f"| {r['model_class']} ({r['variant']}) | - | {r['mode']} | no plan "
+                "| - | - | - | - | - |"
+            )
+            continue
+        entries = ", ".join(
+            f"{k} {r['entries_after_warm_up'][k]}/{r['entries_after_sweep'][k]}"
+            for k in r["entries_after_warm_up"]
+        )
+        lines.append(
+            f"| {r['model_class']} ({r['variant']}) "
+            f"| {r['plan']['tower']} ({r['plan']['tower_class']}) | {r['mode']} "
+            f"| {fmt_calls(r['calls'])} | {r['warm_compiles']} "
+            f"| {r['sweep_compiles']} | {r['per_call']} | {entries} "
+            f"| {r['warm_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", action="append", choices=sorted(FAMILIES))
+    parser.add_argument("--mode", action="append", choices=MODES)
     parser.add_argument("--fresh-inductor-cache", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--json", help="also write every case's numbers here")
+    parser.add_argument("--list", action="store_true", help="list families and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, family in FAMILIES.items():
+            print(name + ": " + ", ".join(v.label for v in family.variants))
+        return 0
     if args.fresh_inductor_cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
 
-    from cpu_support.ranks import run_on_ranks
-
-    def fmt(call):
-        runs = []  # consecutive repeats of one grid as "Nx[t,h,w]"
-        for grid in call:
-            if runs and runs[-1][0] == grid:
-                runs[-1][1] += 1
-            else:
-                runs.append([grid, 1])
-        text = ["[" + ",".join(map(str, g)) + "]" for g, _ in runs]
-        return "+".join(t if k == 1 else f"{k}x{t}" for t, (_, k) in zip(text, runs))
-
-    print("sweep:", ", ".join(fmt(c) for c in SWEEP))
-    print(
-        "| tower | warm-up | warm-up calls | compiles in warm-up | warm-up s "
-        "| compiles in sweep | per sweep call |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for kind in ("qwen3_vl", "glm5_next"):
-        for warm in ("none", "first grid", "shipped"):
-            r = _run_case(run_on_ranks, kind, warm)
-            print(
-                f"| {kind} | {warm} | {' '.join(fmt(c) for c in r['calls']) or '-'} "
-                f"| {r['warm_compiles']} | {r['warm_s']:.1f} | {r['sweep_compiles']} "
-                f"| {r['per_call']} |",
-                flush=True,
-            )
+    families = args.family or list(FAMILIES)
+    modes = args.mode or list(MODES)
+    print("sweep (one tower call each, after the warm-up):", ", ".join(fmt_call(c) for c in SWEEP))
+    everything = []
+    for name in families:
+        results = []
+        for index in range(len(FAMILIES[name].variants)):
+            for mode in modes:
+                results.append(run_case(name, index, mode))
+        everything.extend(results)
+        print()
+        print(family_table(name, results), flush=True)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(everything, out, indent=1, default=list)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
