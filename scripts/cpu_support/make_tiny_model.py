@@ -1,6 +1,11 @@
-"""Write a tiny Qwen3-VL model directory for the CPU server (never downloaded).
+"""Write a tiny Qwen-VL model directory for the CPU server (never downloaded).
 
-    python scripts/cpu_support/make_tiny_model.py --out DIR
+    python scripts/cpu_support/make_tiny_model.py --out DIR [--family qwen2_5_vl]
+
+Two families (``--family``; default ``qwen3_vl``, the one everything else
+uses): ``qwen3_vl`` (``Qwen3VLForConditionalGeneration``) and ``qwen2_5_vl``
+(``Qwen2_5_VLForConditionalGeneration``, served by SGLang's
+``models/qwen2_5_vl.py``; sizes in ``TINY_QWEN2_5_VL_VISION`` / ``_TEXT``).
 
 The directory holds what ``python -m sglang.launch_server --model-path DIR
 --load-format dummy`` and ``sglang.bench_serving`` read:
@@ -16,10 +21,12 @@ The directory holds what ``python -m sglang.launch_server --model-path DIR
 * ``chat_template.jinja``: a small Qwen-style chat template with image/video
   placeholders.
 * ``preprocessor_config.json`` / ``video_preprocessor_config.json``: the
-  Qwen3-VL image and video processors, sized for the tiny tower.
+  family's image and video processors (Qwen2-VL image processor for both;
+  Qwen3-VL or Qwen2-VL video processor), sized for the tiny tower.
 
-``transformers.AutoProcessor.from_pretrained(DIR)`` loads it as a
-``Qwen3VLProcessor`` (checked at the end unless ``--no-check``).
+``transformers.AutoProcessor.from_pretrained(DIR)`` loads it as the family's
+processor, ``Qwen3VLProcessor`` or ``Qwen2_5_VLProcessor`` (checked at the end
+unless ``--no-check``).
 """
 
 from __future__ import annotations
@@ -80,6 +87,56 @@ CHAT_TEMPLATE = (
 MIN_PIXELS = 32 * 32
 MAX_PIXELS = 1024 * 1024
 
+FAMILIES = ("qwen3_vl", "qwen2_5_vl")
+DEFAULT_FAMILY = "qwen3_vl"
+ARCHITECTURES = {
+    "qwen3_vl": "Qwen3VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+}
+PROCESSOR_CLASSES = {"qwen3_vl": "Qwen3VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
+
+# The tiny Qwen2.5-VL. Patch 14 (x temporal 2 x 3 channels = 1176 values a
+# patch) is not a free choice: SGLang's Qwen2_5_VLForConditionalGeneration.
+# get_image_feature only runs the tower on 2-D pixel rows 1176 wide and hands
+# any other width back untouched as if it were embeddings. Window 112 pixels
+# = 4x4 merged tokens a window, as in the real checkpoints; depth 2 with the
+# last block full-attention keeps both attention kinds alive. Heads and kv
+# heads divide by 2 (TP2); mrope 2+3+3 = head_dim / 2.
+TINY_QWEN2_5_VL_VISION = dict(
+    depth=2,
+    hidden_size=64,
+    intermediate_size=128,
+    num_heads=4,
+    in_channels=3,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    out_hidden_size=64,
+    window_size=112,
+    fullatt_block_indexes=[1],
+    tokens_per_second=2,
+    hidden_act="silu",
+)
+TINY_QWEN2_5_VL_TEXT = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+)
+TINY_QWEN2_5_VL_ROPE = {"rope_type": "default", "mrope_section": [2, 3, 3],
+                        "rope_theta": 1000000.0}
+
+
+def _check_family(family: str) -> str:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
+    return family
+
 
 def token_ids() -> dict:
     return {tok: NUM_BYTES + i for i, tok in enumerate(QWEN_SPECIAL_TOKENS)}
@@ -107,7 +164,8 @@ def build_tokenizer():
     return tok
 
 
-def tokenizer_config() -> dict:
+def tokenizer_config(family: str = DEFAULT_FAMILY) -> dict:
+    _check_family(family)
     vision = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
               "<|image_pad|>", "<|video_pad|>"]
     return {
@@ -123,12 +181,14 @@ def tokenizer_config() -> dict:
         "clean_up_tokenization_spaces": False,
         "split_special_tokens": False,
         "add_prefix_space": False,
-        "processor_class": "Qwen3VLProcessor",
+        "processor_class": PROCESSOR_CLASSES[family],
     }
 
 
-def model_config() -> dict:
-    """config.json for Qwen3VLForConditionalGeneration with the tiny sizes."""
+def model_config(family: str = DEFAULT_FAMILY) -> dict:
+    """config.json for the family's architecture with the tiny sizes."""
+    if _check_family(family) == "qwen2_5_vl":
+        return _qwen2_5_vl_model_config()
     from transformers import Qwen3VLConfig
 
     from cpu_support.tiny_sizes import TINY_TEXT, TINY_VISION
@@ -157,7 +217,35 @@ def model_config() -> dict:
     return data
 
 
-def processor_configs():
+def _qwen2_5_vl_model_config() -> dict:
+    """config.json for Qwen2_5_VLForConditionalGeneration with the tiny sizes."""
+    from transformers import Qwen2_5_VLConfig
+
+    ids = token_ids()
+    text = dict(TINY_QWEN2_5_VL_TEXT)
+    text["vocab_size"] = VOCAB_SIZE
+    text["bos_token_id"] = ids["<|endoftext|>"]
+    text["eos_token_id"] = ids["<|im_end|>"]
+    text["rope_parameters"] = dict(TINY_QWEN2_5_VL_ROPE)
+    text["dtype"] = "bfloat16"
+    config = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=dict(TINY_QWEN2_5_VL_VISION),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=text["tie_word_embeddings"],
+    )
+    config.architectures = [ARCHITECTURES["qwen2_5_vl"]]
+    data = config.to_dict()
+    data["eos_token_id"] = ids["<|im_end|>"]
+    return data
+
+
+def processor_configs(family: str = DEFAULT_FAMILY):
+    if _check_family(family) == "qwen2_5_vl":
+        return _qwen2_5_vl_processor_configs()
     from cpu_support.tiny_sizes import TINY_VISION
 
     common = {
@@ -190,21 +278,45 @@ def processor_configs():
     return image, video
 
 
+def _qwen2_5_vl_processor_configs():
+    vision = TINY_QWEN2_5_VL_VISION
+    common = {
+        "patch_size": vision["patch_size"],
+        "temporal_patch_size": vision["temporal_patch_size"],
+        "merge_size": vision["spatial_merge_size"],
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_resize": True,
+        "do_convert_rgb": True,
+        "processor_class": PROCESSOR_CLASSES["qwen2_5_vl"],
+    }
+    # Merge grid 28 pixels: 224x224 -> a 16x16 patch grid, 64 image tokens.
+    size = {"shortest_edge": 28 * 28, "longest_edge": MAX_PIXELS}
+    image = dict(common, image_processor_type="Qwen2VLImageProcessorFast", size=size)
+    video = dict(common, video_processor_type="Qwen2VLVideoProcessor", size=dict(size),
+                 fps=2, min_frames=2, max_frames=8, do_sample_frames=False)
+    return image, video
+
+
 def _write_json(path: str, data: dict) -> None:
     with open(path, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
 
 
-def make_tiny_model(out: str, check: bool = True) -> str:
-    """Write the model directory ``out`` (created if missing); return it."""
+def make_tiny_model(out: str, check: bool = True, family: str = DEFAULT_FAMILY) -> str:
+    """Write the ``family``'s model directory ``out`` (created if missing); return it."""
+    _check_family(family)
     os.makedirs(out, exist_ok=True)
-    _write_json(os.path.join(out, "config.json"), model_config())
+    _write_json(os.path.join(out, "config.json"), model_config(family))
     build_tokenizer().save(os.path.join(out, "tokenizer.json"))
-    _write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config())
+    _write_json(os.path.join(out, "tokenizer_config.json"), tokenizer_config(family))
     with open(os.path.join(out, "chat_template.jinja"), "w") as f:
         f.write(CHAT_TEMPLATE)
-    image, video = processor_configs()
+    image, video = processor_configs(family)
     _write_json(os.path.join(out, "preprocessor_config.json"), image)
     _write_json(os.path.join(out, "video_preprocessor_config.json"), video)
     _write_json(
@@ -212,18 +324,19 @@ def make_tiny_model(out: str, check: bool = True) -> str:
         {"eos_token_id": token_ids()["<|im_end|>"], "do_sample": False},
     )
     if check:
-        check_model_dir(out)
+        check_model_dir(out, family)
     return out
 
 
-def check_model_dir(path: str) -> None:
-    """Raise unless AutoProcessor loads ``path`` as the Qwen3-VL processor."""
+def check_model_dir(path: str, family: str = DEFAULT_FAMILY) -> None:
+    """Raise unless AutoProcessor loads ``path`` as the family's processor."""
     from transformers import AutoProcessor
 
     proc = AutoProcessor.from_pretrained(path)
     name = type(proc).__name__
-    if name != "Qwen3VLProcessor":
-        raise RuntimeError(f"AutoProcessor loaded {name}, expected Qwen3VLProcessor")
+    expected = PROCESSOR_CLASSES[_check_family(family)]
+    if name != expected:
+        raise RuntimeError(f"AutoProcessor loaded {name}, expected {expected}")
     ids = token_ids()
     if proc.image_token_id != ids["<|image_pad|>"]:
         raise RuntimeError(f"image token id {proc.image_token_id} != {ids['<|image_pad|>']}")
@@ -236,6 +349,8 @@ def check_model_dir(path: str) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="model directory to write")
+    parser.add_argument("--family", choices=FAMILIES, default=DEFAULT_FAMILY,
+                        help="model family to write (default: %(default)s)")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the AutoProcessor load check")
     args = parser.parse_args(argv)
@@ -243,7 +358,7 @@ def main(argv=None) -> int:
         print(f"make_tiny_model: --out {args.out} exists and is not a directory",
               file=sys.stderr)
         return 2
-    make_tiny_model(args.out, check=not args.no_check)
+    make_tiny_model(args.out, check=not args.no_check, family=args.family)
     print(args.out)
     return 0
 

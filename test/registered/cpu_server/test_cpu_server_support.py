@@ -56,6 +56,39 @@ def test_tiny_model_dir_loads_as_qwen3_vl(tmp_path):
     assert list(enc["input_ids"][0]).count(ids["<|image_pad|>"]) == 49
 
 
+def test_tiny_qwen2_5_vl_dir_loads_as_its_processor(tmp_path):
+    out = str(tmp_path / "q25")
+    assert MTM.main(["--out", out, "--family", "qwen2_5_vl"]) == 0
+    from transformers import AutoConfig, AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(out)
+    assert type(proc).__name__ == "Qwen2_5_VLProcessor"
+    cfg = AutoConfig.from_pretrained(out)
+    assert cfg.model_type == "qwen2_5_vl"
+    assert cfg.architectures == ["Qwen2_5_VLForConditionalGeneration"]
+    ids = MTM.token_ids()
+    assert cfg.image_token_id == ids["<|image_pad|>"] == proc.image_token_id
+    assert cfg.text_config.vocab_size >= len(proc.tokenizer)
+    assert ids["<|video_pad|>"] in set(proc.tokenizer.all_special_ids)
+    # SGLang's Qwen2.5-VL runs its tower only on 1176-wide pixel rows.
+    v = cfg.vision_config
+    assert v.in_channels * v.temporal_patch_size * v.patch_size ** 2 == 1176
+    prompt = proc.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
+        tokenize=False, add_generation_prompt=True)
+    from PIL import Image
+
+    enc = proc(text=[prompt], images=[Image.new("RGB", (224, 224))])
+    # 224x224, patch 14, merge 2: a 16x16 patch grid, 64 image tokens.
+    assert enc["image_grid_thw"].tolist() == [[1, 16, 16]]
+    assert tuple(enc["pixel_values"].shape) == (256, 1176)
+    assert list(enc["input_ids"][0]).count(ids["<|image_pad|>"]) == 64
+    # The default family is unchanged.
+    assert MTM.model_config()["architectures"] == ["Qwen3VLForConditionalGeneration"]
+    with pytest.raises(ValueError, match="unknown family"):
+        MTM.model_config("qwen2_vl")
+
+
 def test_make_tiny_model_cli_refuses_a_file(tmp_path, capsys):
     f = tmp_path / "file"
     f.write_text("x")
