@@ -151,6 +151,57 @@ def table(rows: List[dict], ready: Dict[str, dict]) -> str:
     return "\n".join(out)
 
 
+def aggregate_mixed(runs: List[dict], labels: Sequence[str]) -> List[dict]:
+    """One row per build across runs of mixed traffic: medians and spreads."""
+    rows = []
+    for label in labels:
+        stats = [r["mixed"]["stats"] for r in runs if r["build"] == label and r.get("mixed")]
+        if not stats:
+            continue
+        rows.append({
+            "build": label,
+            "runs": len(stats),
+            "bursts_served": [s["bursts_served"] for s in stats],
+            "bursts": [s["bursts"] for s in stats],
+            "bursts_per_min": spread([s["bursts_per_min"] for s in stats]),
+            "requests_per_s": spread([s["requests_per_s"] for s in stats]),
+            "mean_ttft_ms": spread([s["mean_ttft_ms"] for s in stats]),
+            "p99_ttft_ms": spread([s["p99_ttft_ms"] for s in stats]),
+            "failed": sum(s["failed"] for s in stats),
+            "bad_rejected": sum(s["bad_requests"] - s["bad_accepted"] for s in stats),
+            "bad_requests": sum(s["bad_requests"] for s in stats),
+            "encoder": [s.get("encoder") for s in stats],
+            "loadavg": [r.get("loadavg") for r in runs if r["build"] == label and r.get("mixed")],
+        })
+    return rows
+
+
+def mixed_table(rows: List[dict], ready: Dict[str, dict]) -> str:
+    out = [
+        "| Build | Bursts/min | Requests/s | Mean TTFT (ms) | P99 TTFT (ms) | Bursts served "
+        "| Failed (good) | Bad rejected | Encoder calls | Images per call (mean / max) "
+        "| Load average (1 min, start → end) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        served = "; ".join(f"{a}/{b}" for a, b in zip(r["bursts_served"], r["bursts"]))
+        load = "; ".join("n/a" if la is None else f"{la[0]:.1f} → {la[1]:.1f}" for la in r["loadavg"])
+        out.append(
+            f"| {r['build']} | {fmt_spread(r['bursts_per_min'])} | "
+            f"{fmt_spread(r['requests_per_s'], 2)} | {fmt_spread(r['mean_ttft_ms'])} | "
+            f"{fmt_spread(r['p99_ttft_ms'])} | {served} | {r['failed']} | "
+            f"{r['bad_rejected']}/{r['bad_requests']} | "
+            f"{_fmt_per_run(r['encoder'], lambda e: B.fmt_encoder(e)[0])} | "
+            f"{_fmt_per_run(r['encoder'], lambda e: B.fmt_encoder(e)[1])} | {load} |"
+        )
+    out.append("")
+    out.append("Medians across runs, (min–max) when there are several; per-run values "
+               "separated by `;` where they differ.")
+    for label, s in ready.items():
+        out.append(f"Launch to /health 200, {label}: {fmt_spread(s)} s")
+    return "\n".join(out)
+
+
 def launch(build: dict, args, log_path: str) -> ServerProcess:
     if args.cpu:
         return CpuServer(
@@ -159,6 +210,7 @@ def launch(build: dict, args, log_path: str) -> ServerProcess:
             python_path=[build["target"]] if build["target"] else (),
             simulate_rocm_gate=args.simulate_rocm_gate,
             ready_timeout=args.ready_timeout,
+            omp_threads=args.omp_threads,
             # /metrics feeds the "encoder calls" and "images per call" columns
             # (series builds; a pristine build shows n/a).
             extra_args=["--enable-metrics"],
@@ -345,7 +397,11 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
              "seed_step": args.seed_step, "prefetch": None, "gpu_memory_before": None}
 
     def save() -> None:
-        state["rows"] = aggregate(runs, labels)
+        if args.mixed:
+            state["mixed_rows"] = aggregate_mixed(runs, labels)
+            state["rows"] = []
+        else:
+            state["rows"] = aggregate(runs, labels)
         state["ready_s"] = {lab: spread([r["ready_s"] for r in runs if r["build"] == lab])
                             for lab in labels}
         write_json_atomic(ab_json, state)
@@ -377,17 +433,25 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
                 srv = launch(build, args, log_path)
                 echo(f"[{tag}] launching ({build['label']}: {build['python']}"
                      + (f", PYTHONPATH={build['target']}" if build["target"] else "") + ")")
+                mixed = None
+                load_start = None
                 try:
                     ready = srv.start()
                     echo(f"[{tag}] /health 200 after {ready:.1f} s")
-                    result = B.run_bursts(
-                        base_url=srv.base_url, model=bench_model,
-                        tokenizer=args.tokenizer or bench_model,
-                        bursts=args.bursts, cfg=cfg, seed_step=args.seed_step,
-                        warmup_text_prompts=args.warmup_text_prompts, warmup_text_cfg=wcfg,
-                        server_log=log_path, work_dir=os.path.join(args.out_dir, tag),
-                        timeout=args.burst_timeout, echo=lambda m: echo(f"[{tag}] {m}"),
-                    )
+                    load_start = os.getloadavg()[0]
+                    if args.mixed:
+                        mixed = B.run_mixed(args, srv.base_url, bench_model,
+                                            echo=lambda m: echo(f"[{tag}] {m}"))
+                        result = None
+                    else:
+                        result = B.run_bursts(
+                            base_url=srv.base_url, model=bench_model,
+                            tokenizer=args.tokenizer or bench_model,
+                            bursts=args.bursts, cfg=cfg, seed_step=args.seed_step,
+                            warmup_text_prompts=args.warmup_text_prompts, warmup_text_cfg=wcfg,
+                            server_log=log_path, work_dir=os.path.join(args.out_dir, tag),
+                            timeout=args.burst_timeout, echo=lambda m: echo(f"[{tag}] {m}"),
+                        )
                 finally:
                     left = srv.stop()
                     if left:
@@ -395,7 +459,8 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
                 runs.append({"run": i + 1, "build": build["label"], "ready_s": ready,
                              "server_flags": srv.server_flags, "server_env": _env_of(srv),
                              "server_log": log_path, "gpu_memory_wait": gpu_wait,
-                             "result": result})
+                             "result": result, "mixed": mixed,
+                             "loadavg": [load_start, os.getloadavg()[0]]})
                 save()
     except BaseException as e:
         state["error"] = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -408,11 +473,43 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
 
 def _env_of(srv: ServerProcess) -> Dict[str, str]:
     keys = ("SGLANG_USE_CPU_ENGINE", "SGLANG_CPU_OMP_THREADS_BIND", "SGLANG_NCCL_SO_PATH",
-            "TORCH_LOGS", "FORK_DEMO_SIMULATE_ROCM_GATE", "PYTHONPATH")
+            "TORCH_LOGS", "FORK_DEMO_SIMULATE_ROCM_GATE", "OMP_NUM_THREADS", "PYTHONPATH")
     return {k: srv.env[k] for k in keys if k in srv.env}
 
 
+def mixed_ab_report(ab: dict, builds: List[dict], command: str) -> str:
+    first = ab["runs"][0]
+    m = first["mixed"]
+    cfg, plan = m["config"], m["plan"]
+    lines = ["## Mixed-traffic A/B", "", f"- command: `{command}`"]
+    for b in builds:
+        lines.append(f"- {b['label']}: sglang {b['version']}, series {b['series_hash']} "
+                     f"({b['python']}" + (f", PYTHONPATH={b['target']})" if b["target"] else ")"))
+    lines.append(f"- server flags: `{shlex.join(first['server_flags'])}`")
+    env = {k: v for k, v in first["server_env"].items() if k != "PYTHONPATH"}
+    if env:
+        lines.append("- server env: " + ", ".join(f"`{k}={v}`" for k, v in env.items()))
+    w = m.get("warmup")
+    lines.append(
+        f"- per run: fresh server; "
+        + (f"{w['config']['bursts']} untimed mixed warm-up bursts (seed {w['config']['seed']}); "
+           if w else "no warm-up; ")
+        + f"{cfg['bursts']} bursts x ({cfg['burst_size']} single-image requests, "
+        f"{cfg['repeats']} of them repeats of the previous burst's images, + {cfg['bad']} bad "
+        f"image) sent together, the next when all answered; widths {cfg['min_width']}-"
+        f"{cfg['max_width']}, heights {cfg['min_height']}-{cfg['max_height']} px (about "
+        f"{plan['patches_mean']:.0f} patches per image), {cfg['output_len']} output tokens, "
+        f"seed {cfg['seed']}")
+    order = " ".join(r["build"] for r in ab["runs"])
+    lines.append(f"- runs: {len(ab['runs']) // len(builds)} per build, order {order}")
+    lines.append(f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}")
+    lines += ["", mixed_table(ab["mixed_rows"], ab["ready_s"])]
+    return "\n".join(lines) + "\n"
+
+
 def report(ab: dict, builds: List[dict], command: str) -> str:
+    if ab.get("mixed_rows"):
+        return mixed_ab_report(ab, builds, command)
     cfg = ab["config"]
     first = ab["runs"][0]
     lines = ["## Image-burst A/B", ""]
@@ -490,6 +587,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-size", type=int, default=2, help="--cpu only")
     p.add_argument("--mm-enable-dp-encoder", action="store_true", help="--cpu only")
     p.add_argument("--simulate-rocm-gate", action="store_true", help="--cpu only (demo)")
+    p.add_argument("--omp-threads", type=int,
+                   help="--cpu only: OMP_NUM_THREADS of the server (default: the CPUs split per "
+                        "rank; 0: unset, torch's one thread per CPU in every rank)")
+    B.add_mixed_arguments(p)
     p.add_argument("server_args", nargs=argparse.REMAINDER,
                    help="-- then launch_server flags (GPU runs)")
     return p
@@ -520,6 +621,13 @@ def parse(argv=None):
         py = getattr(args, f"{side}_python")
         if not (os.path.isfile(py) and os.access(py, os.X_OK)):
             p.error(f"--{side}-python {py} is not an executable")
+    if args.mixed:
+        try:
+            B.mixed_config_from_args(args)
+        except B.BenchError as e:
+            p.error(str(e))
+    if args.omp_threads is not None and (not args.cpu or args.omp_threads < 0):
+        p.error("--omp-threads is a --cpu option and must be >= 0")
     if args.a_label == args.b_label:
         p.error("--a-label and --b-label must differ")
     for name in ("burst_timeout", "gpu_release_timeout", "ready_timeout"):
@@ -599,7 +707,7 @@ def _main(argv=None) -> int:
     with open(os.path.join(args.out_dir, "ab.md"), "w") as f:
         f.write(text)
     print(text)
-    return 1 if any(r["failed"] for r in ab["rows"]) else 0
+    return 1 if any(r["failed"] for r in ab["rows"] + ab.get("mixed_rows", [])) else 0
 
 
 if __name__ == "__main__":

@@ -638,6 +638,249 @@ def run_bursts(
 
 
 # ---------------------------------------------------------------------------
+# Mixed traffic (issue 13): bursts of mixed image sizes, repeats, a bad input
+# ---------------------------------------------------------------------------
+#
+# bench_serving's image dataset draws every request of a run from one size
+# range and cannot repeat an image or send a bad one, and each bench_serving
+# run is a new process (seconds of imports), so a closed loop of small bursts
+# cannot be one run per burst. The mixed mode therefore keeps bench_serving's
+# client, its chat-completions request function (the same payload, streaming
+# and TTFT measurement as ``--backend sglang-oai-chat``), and drives it with
+# its own requests: one burst = all of a burst's requests sent at once, the
+# next burst when every one has answered.
+
+# The tiny model's processor (and Qwen3-VL's): 16-px patches merged 2x2, so a
+# side is rounded to 32 px and 32x32 is the smallest image it accepts.
+MIXED_MIN_SIDE = 32
+
+
+@dataclass
+class MixedConfig:
+    bursts: int = 60
+    burst_size: int = 8          # good single-image requests per burst
+    repeats: int = 2             # of them, images already sent (cache hits)
+    bad: int = 1                 # extra requests per burst with an undecodable image
+    min_width: int = MIXED_MIN_SIDE
+    max_width: int = 448
+    min_height: int = MIXED_MIN_SIDE
+    max_height: int = 320
+    output_len: int = 8
+    seed: int = 42
+
+
+@dataclass
+class MixedRequest:
+    burst: int
+    index: int                   # position in the burst
+    kind: str                    # "fresh", "repeat" or "bad"
+    width: int
+    height: int
+    image_id: str                # equal ids carry identical bytes
+    text: str
+    data_uri: str = field(default="", repr=False)
+
+
+def _validate_mixed(cfg: MixedConfig) -> None:
+    if cfg.bursts < 1 or cfg.burst_size < 1:
+        raise ValueError("bursts and burst_size must be >= 1")
+    if not 0 <= cfg.repeats < cfg.burst_size:
+        raise ValueError(f"repeats must be in [0, burst_size), got {cfg.repeats}")
+    if cfg.bad < 0:
+        raise ValueError("bad must be >= 0")
+    if cfg.output_len < 1:
+        raise ValueError("output_len must be >= 1")
+    if not (1 <= cfg.min_width <= cfg.max_width and 1 <= cfg.min_height <= cfg.max_height):
+        raise ValueError(f"size bounds must satisfy 1 <= min <= max: width "
+                         f"{cfg.min_width}-{cfg.max_width}, height {cfg.min_height}-{cfg.max_height}")
+
+
+def _mixed_image_uri(rng: "np.random.Generator", width: int, height: int) -> str:
+    """A PNG data URI of ``width`` x ``height``: random 8-px blocks, so it is
+    cheap to encode and decode (the image's content does not matter to a
+    random-weight model; its size does)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    bw, bh = -(-width // 8), -(-height // 8)
+    blocks = rng.integers(0, 256, size=(bh, bw, 3), dtype=np.uint8)
+    arr = np.repeat(np.repeat(blocks, 8, axis=0), 8, axis=1)[:height, :width]
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(arr)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+# Not an image: the server's loader fails on it and answers the request
+# with an error, as it would for a client's corrupt upload.
+BAD_IMAGE_URI = "data:image/png;base64," + "bm90IGFuIGltYWdl"  # b"not an image"
+
+
+def mixed_plan(cfg: MixedConfig, with_images: bool = True) -> List[List[MixedRequest]]:
+    """Every burst's requests, deterministic in ``cfg.seed``.
+
+    Burst k holds ``burst_size - repeats`` fresh images (sizes uniform in the
+    bounds, each side independent), ``repeats`` requests whose image (same
+    bytes) was sent before, and ``bad`` requests with an undecodable image;
+    the order within a burst is shuffled. A repeat reuses a fresh image of
+    burst k-1 (an embedding-cache hit if the server kept it); in burst 0 it
+    reuses one of the burst's own fresh images (two identical images in
+    flight at once). ``with_images=False`` skips making the PNGs (sizes and
+    ids are the same).
+    """
+    _validate_mixed(cfg)
+    rng = np.random.default_rng(cfg.seed)
+    fresh_n = cfg.burst_size - cfg.repeats
+    plan: List[List[MixedRequest]] = []
+    previous: List[MixedRequest] = []
+    for k in range(cfg.bursts):
+        fresh = []
+        for j in range(fresh_n):
+            w = int(rng.integers(cfg.min_width, cfg.max_width + 1))
+            h = int(rng.integers(cfg.min_height, cfg.max_height + 1))
+            # Each image from its own generator: the plan's sizes do not
+            # depend on whether the pixels are made.
+            pix_seed = int(rng.integers(0, 2**63 - 1))
+            uri = _mixed_image_uri(np.random.default_rng(pix_seed), w, h) if with_images else ""
+            fresh.append(MixedRequest(k, -1, "fresh", w, h, f"b{k}i{j}", "", uri))
+        source = previous or fresh
+        picks = rng.choice(len(source), size=cfg.repeats, replace=len(source) < cfg.repeats)
+        repeats = [MixedRequest(k, -1, "repeat", source[p].width, source[p].height,
+                                source[p].image_id, "", source[p].data_uri) for p in picks]
+        bad = [MixedRequest(k, -1, "bad", 0, 0, f"b{k}bad{j}", "", BAD_IMAGE_URI)
+               for j in range(cfg.bad)]
+        burst = fresh + repeats + bad
+        order = rng.permutation(len(burst))
+        burst = [burst[i] for i in order]
+        for i, r in enumerate(burst):
+            r.index = i
+            # Distinct text per request: no two requests share a prefix past
+            # the chat template, whatever their image.
+            r.text = f"Request {k}.{i}: describe the image in a few words."
+        plan.append(burst)
+        previous = fresh
+    return plan
+
+
+def plan_summary(plan: List[List[MixedRequest]]) -> dict:
+    reqs = [r for b in plan for r in b]
+    good = [r for r in reqs if r.kind != "bad"]
+    return {
+        "bursts": len(plan),
+        "requests": len(reqs),
+        "fresh": sum(r.kind == "fresh" for r in reqs),
+        "repeat": sum(r.kind == "repeat" for r in reqs),
+        "bad": sum(r.kind == "bad" for r in reqs),
+        "width_min_max": [min(r.width for r in good), max(r.width for r in good)],
+        "height_min_max": [min(r.height for r in good), max(r.height for r in good)],
+        # the processor rounds each side to a multiple of 32 px (16-px
+        # patches, merged 2x2), at least 32: about this many patches each
+        "patches_mean": statistics.fmean(
+            (max(1, round(r.width / 32)) * 2) * (max(1, round(r.height / 32)) * 2) for r in good),
+    }
+
+
+def _bench_serving_request_func():
+    """bench_serving's chat-completions request function, ready to call.
+
+    Its module reads a few CLI options from a module global ``args``; they
+    are set here to bench_serving's defaults for ``--backend sglang-oai-chat``
+    (streaming, ignore_eos on, no request printing).
+    """
+    import argparse as _ap
+
+    from sglang.benchmark import serving as bs
+
+    bs.set_global_args(_ap.Namespace(
+        backend="sglang-oai-chat", disable_stream=False, disable_ignore_eos=False,
+        print_requests=False, return_logprob=False, dataset_name="custom"))
+    return bs.ASYNC_REQUEST_FUNCS["sglang-oai-chat"], bs.RequestFuncInput
+
+
+def mixed_stats(records: List[dict], wall_s: float, bursts: int) -> dict:
+    """requests/s, TTFT mean/P50/P99 (good requests), bursts per minute.
+
+    A burst counts as served when every good request in it completed; a bad
+    request is expected to fail (one that completed is counted apart).
+    """
+    good = [r for r in records if r["kind"] != "bad"]
+    ok = [r for r in good if r["success"]]
+    ttft_ms = [1000.0 * r["ttft"] for r in ok]
+    served = {b for b in range(bursts)} - {r["burst"] for r in good if not r["success"]}
+    p50, p99 = (float(x) for x in np.percentile(ttft_ms, [50, 99])) if ttft_ms else (None, None)
+    by_kind = {}
+    for kind in ("fresh", "repeat"):
+        xs = [1000.0 * r["ttft"] for r in ok if r["kind"] == kind]
+        by_kind[kind] = statistics.fmean(xs) if xs else None
+    return {
+        "bursts": bursts,
+        "bursts_served": len(served),
+        "good_requests": len(good),
+        "completed": len(ok),
+        "failed": len(good) - len(ok),
+        "bad_requests": sum(r["kind"] == "bad" for r in records),
+        "bad_accepted": sum(1 for r in records if r["kind"] == "bad" and r["success"]),
+        "wall_s": wall_s,
+        "requests_per_s": len(ok) / wall_s if wall_s > 0 else None,
+        "bursts_per_min": 60.0 * len(served) / wall_s if wall_s > 0 else None,
+        "mean_ttft_ms": statistics.fmean(ttft_ms) if ttft_ms else None,
+        "p50_ttft_ms": p50,
+        "p99_ttft_ms": p99,
+        "mean_ttft_ms_by_kind": by_kind,
+    }
+
+
+def run_mixed_bursts(*, base_url: str, model: str, cfg: MixedConfig,
+                     plan: Optional[List[List[MixedRequest]]] = None, echo=print) -> dict:
+    """Send ``plan`` (default ``mixed_plan(cfg)``) burst by burst; the raw results.
+
+    Images are made before the clock starts, so the client's PNG encoding
+    does not compete with the server for the CPU while it is measured.
+    """
+    import asyncio
+
+    plan = plan if plan is not None else mixed_plan(cfg)
+    func, RequestFuncInput = _bench_serving_request_func()
+    api_url = base_url.rstrip("/") + "/v1/chat/completions"
+
+    def request_input(r: MixedRequest):
+        messages = [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": r.data_uri}},
+            {"type": "text", "text": r.text}]}]
+        return RequestFuncInput(model=model, prompt=messages, api_url=api_url, prompt_len=0,
+                                output_len=cfg.output_len, lora_name="", image_data=None,
+                                extra_request_body={})
+
+    records: List[dict] = []
+
+    async def drive() -> float:
+        t0 = time.perf_counter()
+        for burst in plan:
+            outs = await asyncio.gather(*(func(request_func_input=request_input(r)) for r in burst))
+            for r, o in zip(burst, outs):
+                err = (o.error or "").strip().splitlines()
+                records.append({"burst": r.burst, "index": r.index, "kind": r.kind,
+                                "width": r.width, "height": r.height, "image_id": r.image_id,
+                                "success": bool(o.success), "ttft": float(o.ttft or 0.0),
+                                "latency": float(o.latency or 0.0),
+                                "output_len": int(o.output_len or 0),
+                                "error": err[-1][:200] if err else ""})
+        return time.perf_counter() - t0
+
+    metrics_before = scrape_encoder_metrics(base_url)
+    wall = asyncio.run(drive())
+    encoder = encoder_call_delta(metrics_before, scrape_encoder_metrics(base_url))
+    stats = mixed_stats(records, wall, len(plan))
+    stats["encoder"] = encoder
+    stats["images_per_rank"] = images_per_rank(encoder)
+    echo(f"mixed: {stats['bursts_served']}/{len(plan)} bursts served in {wall:.1f} s "
+         f"({fmt_ms(stats['bursts_per_min'])} /min, {fmt_ms(stats['requests_per_s'])} req/s, "
+         f"TTFT mean {fmt_ms(stats['mean_ttft_ms'])} ms, P99 {fmt_ms(stats['p99_ttft_ms'])} ms)")
+    return {"config": vars(cfg), "plan": plan_summary(plan), "stats": stats, "requests": records}
+
+
+# ---------------------------------------------------------------------------
 # Report
 # ---------------------------------------------------------------------------
 
@@ -726,6 +969,40 @@ def markdown_report(result: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def mixed_table(results: List[Tuple[str, dict]]) -> List[str]:
+    """One row per (label, run_mixed_bursts result)."""
+    rows = [
+        "| Run | Bursts served | Wall (s) | Bursts/min | Requests/s | Mean TTFT (ms) "
+        "| P99 TTFT (ms) | Mean TTFT fresh / repeat (ms) | Failed (good) | Bad rejected "
+        "| Encoder calls | Images per call (mean / max) | Images per rank |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, res in results:
+        s = res["stats"]
+        kinds = s["mean_ttft_ms_by_kind"]
+        rows.append(
+            f"| {label} | {s['bursts_served']}/{s['bursts']} | {s['wall_s']:.1f} | "
+            f"{fmt_ms(s['bursts_per_min'])} | {s['requests_per_s']:.2f} | {fmt_ms(s['mean_ttft_ms'])} | "
+            f"{fmt_ms(s['p99_ttft_ms'])} | {fmt_ms(kinds['fresh'])} / {fmt_ms(kinds['repeat'])} | "
+            f"{s['failed']} | {s['bad_requests'] - s['bad_accepted']}/{s['bad_requests']} | "
+            f"{' | '.join(fmt_encoder(s.get('encoder')))} | {fmt_images(s.get('images_per_rank'))} |"
+        )
+    return rows
+
+
+def mixed_report(results: List[Tuple[str, dict]], meta: dict) -> str:
+    cfg = results[-1][1]["config"]
+    plan = results[-1][1]["plan"]
+    lines = ["## Mixed image bursts", ""] + header_lines(meta) + [
+        f"- bursts: {cfg['bursts']} x ({cfg['burst_size']} single-image requests, "
+        f"{cfg['repeats']} of them repeats, + {cfg['bad']} bad), sent together, the next when all "
+        f"answered; widths {cfg['min_width']}-{cfg['max_width']}, heights "
+        f"{cfg['min_height']}-{cfg['max_height']} px (mean {plan['patches_mean']:.0f} patches), "
+        f"{cfg['output_len']} output tokens, seed {cfg['seed']}",
+        "", *mixed_table(results)]
+    return "\n".join(lines) + "\n"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -761,11 +1038,70 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-json", default="image_burst.json")
     p.add_argument("--out-md", default="image_burst.md")
     p.add_argument("--work-dir", help="where bench_serving's files go (default: a temp dir)")
+    add_mixed_arguments(p)
     p.add_argument("--timeout", type=float,
                    help="seconds per bench_serving run (default: derived from the burst, "
                         f"{BURST_START_S:.0f} + per wave of --max-concurrency requests "
                         f"{BURST_WAVE_S:.0f} + {BURST_TOKEN_S} per output token)")
     return p
+
+
+def add_mixed_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "mixed traffic (--mixed)",
+        "closed-loop bursts of mixed image sizes with repeats and a bad input, through "
+        "bench_serving's chat-completions request function (see mixed_plan)")
+    d = MixedConfig()
+    g.add_argument("--mixed", action="store_true",
+                   help="send mixed bursts instead of bench_serving image runs")
+    g.add_argument("--mixed-bursts", type=int, default=d.bursts)
+    g.add_argument("--mixed-burst-size", type=int, default=d.burst_size,
+                   help="good single-image requests per burst")
+    g.add_argument("--mixed-repeats", type=int, default=d.repeats,
+                   help="of them, images sent before (cache hits)")
+    g.add_argument("--mixed-bad", type=int, default=d.bad,
+                   help="extra requests per burst whose image cannot be decoded")
+    g.add_argument("--mixed-min-size", default=f"{d.min_height}x{d.min_width}",
+                   help="smallest HEIGHTxWIDTH (the processor's floor is 32x32)")
+    g.add_argument("--mixed-max-size", default=f"{d.max_height}x{d.max_width}",
+                   help="largest HEIGHTxWIDTH")
+    g.add_argument("--mixed-output-len", type=int, default=d.output_len)
+    g.add_argument("--mixed-warmup-bursts", type=int, default=3,
+                   help="untimed mixed bursts first (another seed), so first-call compiles "
+                        "fall outside the measurement")
+
+
+def mixed_config_from_args(args, seed_offset: int = 0, bursts: Optional[int] = None) -> MixedConfig:
+    try:
+        (min_h, min_w), (max_h, max_w) = (parse_resolution(args.mixed_min_size),
+                                          parse_resolution(args.mixed_max_size))
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    cfg = MixedConfig(bursts=args.mixed_bursts if bursts is None else bursts,
+                      burst_size=args.mixed_burst_size, repeats=args.mixed_repeats,
+                      bad=args.mixed_bad, min_width=min_w, max_width=max_w, min_height=min_h,
+                      max_height=max_h, output_len=args.mixed_output_len,
+                      seed=args.seed + seed_offset)
+    try:
+        _validate_mixed(cfg)
+    except ValueError as e:
+        raise BenchError(f"mixed traffic: {e}") from None
+    return cfg
+
+
+def run_mixed(args, base_url: str, model: str, echo=print) -> dict:
+    """Untimed mixed warm-up bursts (seed + 1000), then the measured ones."""
+    warm = None
+    if args.mixed_warmup_bursts > 0:
+        wcfg = mixed_config_from_args(args, seed_offset=1000, bursts=args.mixed_warmup_bursts)
+        echo(f"mixed warm-up: {wcfg.bursts} bursts (seed {wcfg.seed})")
+        warm = run_mixed_bursts(base_url=base_url, model=model, cfg=wcfg, echo=echo)
+    cfg = mixed_config_from_args(args)
+    echo(f"mixed: making {cfg.bursts} bursts' images (seed {cfg.seed})")
+    plan = mixed_plan(cfg)
+    res = run_mixed_bursts(base_url=base_url, model=model, cfg=cfg, plan=plan, echo=echo)
+    res["warmup"] = None if warm is None else {"stats": warm["stats"], "config": warm["config"]}
+    return res
 
 
 def validate(args) -> None:
@@ -794,6 +1130,9 @@ def main(argv=None) -> int:
             input_len=args.input_len, output_len=args.output_len, seed=args.seed,
         )
         model_dir = local_model_dir(args.model, args.revision)
+        if args.mixed:
+            mixed_config_from_args(args)  # fail on bad bounds before anything is sent
+            return _main_mixed(args, argv, model_dir)
         result = run_bursts(
             base_url=args.base_url, model=model_dir, tokenizer=args.tokenizer or model_dir,
             bursts=args.bursts, cfg=cfg, seed_step=args.seed_step,
@@ -822,6 +1161,28 @@ def main(argv=None) -> int:
     print(report)
     failed = sum(b["stats"]["failed"] for b in result["bursts"])
     return 1 if failed else 0
+
+
+def _main_mixed(args, argv, model_dir: str) -> int:
+    result = run_mixed(args, args.base_url, model_dir)
+    target = args.sglang_target or sglang_dir()
+    meta = {
+        "command": shlex.join([os.path.relpath(sys.argv[0]) if sys.argv else "bench_image_burst.py",
+                               *(argv if argv is not None else sys.argv[1:])]),
+        "sglang_version": sglang_version(python_path=[args.sglang_target] if args.sglang_target else ()),
+        "series_hash": args.series_hash or series_hash(target),
+        "server_flags": args.server_flags,
+        "model_dir": model_dir,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "loadavg": os.getloadavg(),
+    }
+    report = mixed_report([("mixed", result)], meta)
+    with open(args.out_json, "w") as f:
+        json.dump({"meta": meta, "mixed": result}, f, indent=1)
+    with open(args.out_md, "w") as f:
+        f.write(report)
+    print(report)
+    return 1 if result["stats"]["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ from typing import Dict, List, Optional, Sequence
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROCM_GATE_SIM_DIR = os.path.join(HERE, "rocm_gate_sim")
 ROCM_GATE_SIM_ENV = "FORK_DEMO_SIMULATE_ROCM_GATE"
+VIT_PROFILE_DIR = os.path.join(HERE, "vit_profile")
+VIT_PROFILE_ENV = "FORK_VIT_PROFILE_DIR"
 # A path that never exists: SGLang then treats NCCL as absent (see docs/cpu.md).
 MISSING_NCCL_PATH = "/nonexistent/fork-cpu-support/libnccl.so"
 
@@ -69,6 +71,26 @@ def omp_threads_bind(tp_size: int, cpus: Optional[Sequence[int]] = None) -> str:
         chunk = cpus[r * per : (r + 1) * per]
         parts.append(str(chunk[0]) if len(chunk) == 1 else f"{chunk[0]}-{chunk[-1]}")
     return "|".join(parts)
+
+
+def threads_per_rank(tp_size: int, cpus: Optional[Sequence[int]] = None) -> int:
+    """Intra-op (OpenMP) threads for each rank: the CPUs split evenly, at least 1.
+
+    SGLang's CPU engine binds each rank's OpenMP threads to its
+    ``SGLANG_CPU_OMP_THREADS_BIND`` share only through sgl_kernel's
+    ``init_cpu_threads_env``, which it calls on AMX or arm64 CPUs alone
+    (``distributed/bootstrap.py``, ``_init_cpu_threads_env``). Elsewhere every
+    rank keeps torch's default, one thread per CPU: at TP2 on 2 CPUs that is 4
+    OpenMP threads on 2 cores, and when both ranks run the DP encoder at once
+    their parallel regions wait on threads the other rank's are holding
+    (docs/benchmarks.md, "Mixed traffic"). ``OMP_NUM_THREADS`` set to this
+    value gives each rank its share.
+    """
+    if tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    if cpus is None:
+        cpus = sorted(os.sched_getaffinity(0))
+    return max(1, len(list(cpus)) // tp_size)
 
 
 def server_command(
@@ -109,14 +131,30 @@ def server_env(
     python_path: Sequence[str] = (),
     torch_logs: Optional[str] = "recompiles,dynamo",
     base: Optional[Dict[str, str]] = None,
+    omp_threads: Optional[int] = None,
+    vit_profile_dir: Optional[str] = None,
 ) -> Dict[str, str]:
     """Environment of the CPU server (each variable is explained in docs/cpu.md).
 
     ``TORCH_LOGS``: ``recompiles`` logs recompilations only; ``dynamo`` adds
     one "start tracing" record per compile, first compiles included, which is
     what "compiles after ready" counts.
+
+    ``omp_threads``: ``OMP_NUM_THREADS`` of every server process; None (the
+    default) gives each rank its share of the CPUs (``threads_per_rank``), 0
+    leaves the variable as the caller's environment has it (torch's default
+    of one thread per CPU when unset: the set-up before issue 13).
+
+    ``vit_profile_dir``: time every vision-tower call into that folder
+    (``cpu_support/vit_profile``, profiling only).
     """
     env = dict(os.environ if base is None else base)
+    if omp_threads is None:
+        omp_threads = threads_per_rank(tp_size)
+    if omp_threads < 0:
+        raise ValueError(f"omp_threads must be >= 0, got {omp_threads}")
+    if omp_threads:
+        env["OMP_NUM_THREADS"] = str(omp_threads)
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     env["SGLANG_NCCL_SO_PATH"] = MISSING_NCCL_PATH
     env["HF_HUB_OFFLINE"] = "1"
@@ -132,6 +170,11 @@ def server_env(
         paths.insert(0, ROCM_GATE_SIM_DIR)
     else:
         env.pop(ROCM_GATE_SIM_ENV, None)
+    if vit_profile_dir:
+        env[VIT_PROFILE_ENV] = os.path.abspath(vit_profile_dir)
+        paths.insert(0, VIT_PROFILE_DIR)  # chains to the next sitecustomize
+    else:
+        env.pop(VIT_PROFILE_ENV, None)
     if paths:
         old = env.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join(paths + ([old] if old else []))
@@ -309,6 +352,8 @@ class CpuServer(ServerProcess):
         max_total_tokens: int = 4096,
         extra_args: Sequence[str] = (),
         ready_timeout: float = 300.0,
+        omp_threads: Optional[int] = None,
+        vit_profile_dir: Optional[str] = None,
     ):
         if not os.path.isfile(os.path.join(model_path, "config.json")):
             raise ValueError(f"{model_path} holds no config.json (make it with make_tiny_model.py)")
@@ -322,7 +367,8 @@ class CpuServer(ServerProcess):
                            extra_args=extra_args),
             env=server_env(tp_size=tp_size, simulate_rocm_gate=simulate_rocm_gate,
                            python_path=python_path,
-                           torch_logs=torch_logs),
+                           torch_logs=torch_logs, omp_threads=omp_threads,
+                           vit_profile_dir=vit_profile_dir),
             port=port, log_path=log_path, ready_timeout=ready_timeout,
         )
 
@@ -338,10 +384,20 @@ def main(argv=None) -> int:
     p.add_argument("--simulate-rocm-gate", action="store_true")
     p.add_argument("--port", type=int)
     p.add_argument("--log", default="cpu_server.log")
+    p.add_argument("--python-path", action="append", default=[],
+                   help="a --target tree holding sglang, put first on the server's PYTHONPATH "
+                        "(e.g. .cache/trees/sglang-0.5.23-series); repeatable")
+    p.add_argument("--omp-threads", type=int,
+                   help="OMP_NUM_THREADS of the server (default: the CPUs split per rank; "
+                        "0: leave it unset, torch's one thread per CPU in every rank)")
+    p.add_argument("--vit-profile-dir",
+                   help="time every vision-tower call into this folder (cpu_support/vit_profile)")
     a = p.parse_args(argv)
     srv = CpuServer(a.model_path, log_path=a.log, tp_size=a.tp_size,
                     dp_encoder=a.mm_enable_dp_encoder, port=a.port,
-                    simulate_rocm_gate=a.simulate_rocm_gate)
+                    simulate_rocm_gate=a.simulate_rocm_gate,
+                    python_path=[os.path.abspath(x) for x in a.python_path],
+                    omp_threads=a.omp_threads, vit_profile_dir=a.vit_profile_dir)
     with srv:
         print(f"ready at {srv.base_url} after {srv.ready_seconds:.1f}s (log {a.log})", flush=True)
         try:

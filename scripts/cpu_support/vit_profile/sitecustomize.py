@@ -1,0 +1,142 @@
+"""Profiling-only start-up hook: time every vision-tower call of a CPU server.
+
+NOT part of the patch series. ``CpuServer(vit_profile_dir=DIR)`` (and
+``cpu_server.py --vit-profile-dir DIR``) puts this directory first on the
+server's ``PYTHONPATH`` and sets ``FORK_VIT_PROFILE_DIR=DIR``. Python then
+imports this ``sitecustomize`` in every server process; it wraps
+``Qwen3VLMoeVisionModel.forward`` (the Qwen3-VL tower, which the DP encoder
+calls on each rank with that rank's share) right after the module is
+imported, and appends one JSON line per call to ``DIR/calls-<pid>.jsonl``:
+images, patches, the images' patch counts, wall seconds, this thread's CPU
+seconds and the process's CPU seconds over the call, and the intra-op thread
+count. Nothing else is changed; the call's result is returned as it is.
+
+``FORK_VIT_PROFILE_TORCH=N`` additionally runs ``torch.profiler`` (CPU
+activities) over the calls with index 10..10+N-1 of each process (after the
+warm-up's) and writes the operator table of each to
+``DIR/torchprof-<pid>-<call>.txt``.
+
+Another ``sitecustomize`` later on ``sys.path`` (e.g. the ROCm gate
+simulation's) is then loaded too, so both hooks work together.
+"""
+
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+import time
+
+_DIR_ENV = "FORK_VIT_PROFILE_DIR"
+_TORCH_ENV = "FORK_VIT_PROFILE_TORCH"
+_MODULE = "sglang.srt.models.qwen3_vl"
+_CLASS = "Qwen3VLMoeVisionModel"
+_FIRST_TORCH_CALL = 10
+
+
+def _grid_list(grid_thw):
+    if isinstance(grid_thw, list):
+        return [list(map(int, g)) for g in grid_thw]
+    return [list(map(int, g)) for g in grid_thw.tolist()]
+
+
+def _wrap(forward, out_dir):
+    state = {"n": 0}
+    torch_calls = int(os.environ.get(_TORCH_ENV, "0") or 0)
+
+    def timed_forward(self, x, grid_thw, *args, **kwargs):
+        import torch
+
+        n = state["n"]
+        state["n"] += 1
+        grids = _grid_list(grid_thw)
+        prof = None
+        if torch_calls and _FIRST_TORCH_CALL <= n < _FIRST_TORCH_CALL + torch_calls:
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                          record_shapes=False)
+            prof.__enter__()
+        w0, t0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
+        out = forward(self, x, grid_thw, *args, **kwargs)
+        w1, t1, p1 = time.perf_counter(), time.thread_time(), time.process_time()
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            path = os.path.join(out_dir, f"torchprof-{os.getpid()}-{n}.txt")
+            with open(path, "w") as f:
+                f.write(f"images {len(grids)} patches {sum(t * h * w for t, h, w in grids)} "
+                        f"grids {grids}\n")
+                f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+        rec = {
+            "call": n, "t": w0, "images": len(grids),
+            "patches": sum(t * h * w for t, h, w in grids),
+            "image_patches": [t * h * w for t, h, w in grids],
+            "wall_s": w1 - w0, "thread_cpu_s": t1 - t0, "process_cpu_s": p1 - p0,
+            "threads": torch.get_num_threads(),
+        }
+        with open(os.path.join(out_dir, f"calls-{os.getpid()}.jsonl"), "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        return out
+
+    timed_forward.__wrapped__ = forward
+    timed_forward.__fork_vit_profile__ = True
+    return timed_forward
+
+
+def _patch(module):
+    out_dir = os.environ.get(_DIR_ENV)
+    cls = getattr(module, _CLASS, None)
+    if not out_dir or cls is None or getattr(cls.forward, "__fork_vit_profile__", False):
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    cls.forward = _wrap(cls.forward, out_dir)
+    sys.stderr.write(f"[fork vit profile] pid {os.getpid()}: timing {_CLASS}.forward -> {out_dir}\n")
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _patch(module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+def _chain_next_sitecustomize():
+    """Load the next ``sitecustomize`` on sys.path (the one this file shadows)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        if not entry or os.path.abspath(entry) == here:
+            continue
+        cand = os.path.join(entry, "sitecustomize.py")
+        if os.path.isfile(cand):
+            spec = importlib.util.spec_from_file_location("_fork_chained_sitecustomize", cand)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            return
+
+
+if os.environ.get(_DIR_ENV):
+    if _MODULE in sys.modules:
+        _patch(sys.modules[_MODULE])
+    if not any(isinstance(f, _Finder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _Finder())
+_chain_next_sitecustomize()
