@@ -16,8 +16,10 @@ time on this machine.
     .venv/bin/python scripts/vision_warmup_audit.py --family glm4v --mode shipped
     .venv/bin/python scripts/vision_warmup_audit.py --list
 
-``--fresh-inductor-cache`` points TORCHINDUCTOR_CACHE_DIR at an empty folder
-so the warm-up pays full Inductor code generation, as on a first launch.
+``--fresh-inductor-cache`` points TORCHINDUCTOR_CACHE_DIR at a new empty
+folder for every case, so each warm-up pays full Inductor code generation, as
+on a first launch; without it the cases share the user's Inductor cache and
+the warm-up seconds are those of a relaunch.
 ``--json PATH`` also writes every case's numbers.
 
 Adding a family is one ``FAMILIES`` entry: a name, its model variants (a
@@ -38,7 +40,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -91,10 +93,14 @@ class Variant:
 class Family:
     variants: Tuple[Variant, ...]
     compiled: Tuple[str, ...] = (ROTARY,)
-    note: str = ""
+    note: str = ""  # printed under the family's heading
 
 
-# family name -> its variants and compiled functions. One entry per family.
+# family name -> its variants and compiled functions. One entry per family;
+# a new one needs only a tiny builder, e.g. (names illustrative)
+#     "kimi_vl": Family((Variant("Kimi-VL", "cpu_support.tiny_x:build_tiny_kimi_vl"),)),
+# plus compiled=(...) when its tower compiles more than the rotary apply.
+# Tower, grids, rope type and patch layout come from vision_warm_up_plan.
 FAMILIES: Dict[str, Family] = {
     "qwen3_vl": Family(
         (Variant("Qwen3-VL", "cpu_support.tiny_qwen3_vl:build_tiny_qwen3_vl"),),
@@ -140,6 +146,18 @@ def _cache_entries(fn) -> int:
 
     code = getattr(fn, "_torchdynamo_orig_callable", fn).__code__
     return len(_debug_get_cache_entry_list(code))
+
+
+def _tower_device_dtype(tower):
+    """Where and in what dtype the tower takes pixels: its ``device`` /
+    ``dtype`` properties when it has them, else its first parameter's."""
+    import torch
+
+    device, dtype = getattr(tower, "device", None), getattr(tower, "dtype", None)
+    if isinstance(device, torch.device) and isinstance(dtype, torch.dtype):
+        return device, dtype
+    param = next(tower.parameters())
+    return param.device, param.dtype
 
 
 def _case(rank, world_size, init_method, family_name, variant_index, mode):
@@ -201,15 +219,21 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
     result["warm_compiles"] = frames() - result["before"]
     result["entries_after_warm_up"] = {k: _cache_entries(f) for k, f in fns.items()}
 
+    if plan.dp_runner != "mrope":
+        # A runner of the model's own: its rank share is not a tower call
+        # this sweep can reproduce; report the warm-up only.
+        result.update(per_call=None, sweep_compiles=None, sweep_s=0.0)
+        result["entries_after_sweep"] = result["entries_after_warm_up"]
+        return result
     shape = plan.patch_shape(tower)
-    param = next(tower.parameters())
+    device, dtype = _tower_device_dtype(tower)
     per_call = []
     start = time.perf_counter()
     with DynamicGradMode():
         for call in SWEEP:
             before = frames()
             n = sum(math.prod(g) for g in call)
-            pixels = torch.randn((n, *shape)).to(param.device, param.dtype)
+            pixels = torch.randn((n, *shape)).to(device=device, dtype=dtype)
             call_tower_on_rank_share(
                 tower, pixels, [list(g) for g in call], plan.rope_type,
                 plan.pass_grid_thw_list,
@@ -256,14 +280,14 @@ def fmt_calls(calls) -> str:
 
 
 def family_table(family_name: str, results: List[dict]) -> str:
-    lines = [
-        f"### {family_name}",
-        "",
+    note = FAMILIES[family_name].note
+    lines = [f"### {family_name}", ""] + ([note, ""] if note else []) + [
         "| model class (tiny) | tower | warm-up | grids (tower calls) "
         "| compiles in warm-up | compiles after ready (sweep) | per sweep call "
         "| cache entries after warm-up / sweep | warm-up s (CPU) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    sweep_text = {None: "- (own DP runner)"}
     for r in results:
         if r["plan"] is None:
             lines.append(
@@ -279,7 +303,8 @@ def family_table(family_name: str, results: List[dict]) -> str:
             f"| {r['model_class']} ({r['variant']}) "
             f"| {r['plan']['tower']} ({r['plan']['tower_class']}) | {r['mode']} "
             f"| {fmt_calls(r['calls'])} | {r['warm_compiles']} "
-            f"| {r['sweep_compiles']} | {r['per_call']} | {entries} "
+            f"| {sweep_text.get(r['sweep_compiles'], r['sweep_compiles'])} "
+            f"| {r['per_call'] if r['per_call'] is not None else '-'} | {entries} "
             f"| {r['warm_s']:.1f} |"
         )
     return "\n".join(lines)
@@ -297,9 +322,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         for name, family in FAMILIES.items():
             print(name + ": " + ", ".join(v.label for v in family.variants))
         return 0
-    if args.fresh_inductor_cache:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
-
     families = args.family or list(FAMILIES)
     modes = args.mode or list(MODES)
     print("sweep (one tower call each, after the warm-up):", ", ".join(fmt_call(c) for c in SWEEP))
@@ -308,6 +330,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         results = []
         for index in range(len(FAMILIES[name].variants)):
             for mode in modes:
+                if args.fresh_inductor_cache:  # an empty cache for every case
+                    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(
+                        prefix="inductor-"
+                    )
                 results.append(run_case(name, index, mode))
         everything.extend(results)
         print()
