@@ -227,10 +227,14 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
         return result
     shape = plan.patch_shape(tower)
     device, dtype = _tower_device_dtype(tower)
+    # Towers whose grids have no time axis (Kimi-VL) take (h, w): every
+    # sweep image is a single frame, so it drops t.
+    two_d = len(shipped[0][0]) == 2
+    sweep = [[tuple(g[1:]) if two_d else tuple(g) for g in call] for call in SWEEP]
     per_call = []
     start = time.perf_counter()
     with DynamicGradMode():
-        for call in SWEEP:
+        for call in sweep:
             before = frames()
             n = sum(math.prod(g) for g in call)
             pixels = torch.randn((n, *shape)).to(device=device, dtype=dtype)
