@@ -432,7 +432,10 @@ def test_helper_uses_the_event_loop_grad_mode(tp1_models):
     assert tower.seen[-1]["inference"] is True
 
 
-@pytest.mark.parametrize("calls", [[], [[]], [[(1, 0, 4)]], [[(2, 4)]]])
+@pytest.mark.parametrize(
+    "calls",
+    [[], [[]], [[(1, 0, 4)]], [[(4,)]], [[(1, 2, 4, 4)]], [[(1, 4, 4)], [(0, 4)]]],
+)
 def test_helper_rejects_empty_or_malformed_grids(tp1_models, calls):
     from sglang.srt.multimodal.mm_utils import warm_up_vision_tower
 
