@@ -133,3 +133,62 @@ def test_metrics_off_records_nothing(model):
     with torch.no_grad(), override_platform(**CUDA):
         H.run_prefill_embedding(model, _burst())
     assert delta(snapshot("batched"), before)["calls"] == 0
+
+
+def test_multi_offset_item_goes_through_the_full_path_and_is_counted(model):
+    """An item whose placeholder tokens come in two spans (as a video's frames
+    do) is encoded by _get_chunked_embedding_full: path="full", one call."""
+    H.fresh_embedding_cache()
+    request = H.make_request([(1, 8, 8)], seed=77)  # 16 tokens, 64 patches
+    (item,) = request.items
+    start, end = item.offsets[0]
+    assert end - start + 1 == 16
+    # The same 16 tokens split 8 + 8 around 3 text tokens.
+    item.offsets = [(start, start + 7), (start + 11, start + 18)]
+    request.length += 3
+    before = {p: snapshot(p) for p in ("full", "batched", "per_request")}
+    with torch.no_grad(), metrics_on(CUDA):
+        H.run_prefill_embedding(model, [request])
+    d = {p: delta(snapshot(p), before[p]) for p in before}
+    assert d["full"]["calls"] == 1
+    assert d["full"]["images_sum"] == 1 and d["full"]["requests_sum"] == 1
+    assert d["full"]["patches_sum"] == 64
+    assert d["batched"]["calls"] == 0 and d["per_request"]["calls"] == 0
+
+
+def _attention_dp_group(rank, world_size, init_method):
+    """One scheduler process of attention-DP group ``rank``: its own gloo world
+    of one (attention-DP groups share no encoder collective), dp_rank = rank."""
+    from prometheus_client import REGISTRY, generate_latest
+
+    from sglang.srt.runtime_context import get_parallel
+
+    T.publish_cpu_context(tp_size=1)
+    T.init_gloo(0, 1, f"tcp://127.0.0.1:{free_port()}")
+    model = T.build_tiny_qwen3_vl(seed=9)
+    H.fresh_embedding_cache()
+    with get_parallel().override(dp_rank=rank), torch.no_grad(), metrics_on(CUDA):
+        # Group 0 serves one request, group 1 three.
+        requests = [H.make_request([(1, 8, 8)], seed=500 + 10 * rank + i) for i in range(1 + 2 * rank)]
+        H.run_prefill_embedding(model, requests)
+    return generate_latest(REGISTRY).decode()
+
+
+def test_two_attention_dp_groups_keep_separate_series():
+    """What a Prometheus server scraping both groups' schedulers sees: one
+    series per group, told apart by dp_rank, each with its own counts."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from cpu_support.ranks import run_on_ranks
+
+    scrapes = run_on_ranks(_attention_dp_group, 2, timeout=400)
+    seen = {}
+    for text in scrapes:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "sglang:mm_encoder_call_images_sum" and s.labels["path"] == "batched":
+                    key = tuple(sorted(s.labels.items()))
+                    assert key not in seen, "two groups wrote the same series"
+                    seen[key] = s.value
+    by_group = {dict(k)["dp_rank"]: v for k, v in seen.items()}
+    assert by_group == {"0": 1.0, "1": 3.0}
