@@ -72,8 +72,14 @@ SWEEP = SERVING_SWEEP + [CEILING_CALL]
 # Compiled functions seen by the towers (module:attribute).
 ROTARY = "sglang.srt.layers.attention.vision:apply_rotary_pos_emb"
 GLM5_SWIGLU = "sglang.srt.models.glm5_next:swiglu_clamped"
+# Kimi-K2.5's interpolated position embedding (dynamic=True; the module
+# attribute is a first-call wrapper around the compiled function) and
+# MiniMax-VL's rotary apply (dynamic=True).
+KIMI_K25_ROPE_SHAPE = "sglang.srt.models.kimi_k25:get_rope_shape"
+MINIMAX_ROPE = "sglang.srt.models.minimax_vl_common:_minimax_rope_applier"
 
 TINY = "cpu_support.tiny_vl_family"
+KIMI_MINIMAX = "cpu_support.tiny_kimi_minimax"
 
 
 @dataclass(frozen=True)
@@ -131,14 +137,44 @@ FAMILIES: Dict[str, Family] = {
     "bailing_moe_v3_vl": Family(
         (Variant("Ling-3 VL", f"{TINY}:build_tiny_bailing_moe_v3_vl"),),
     ),
+    # Kimi and MiniMax: the real top-level classes, built from encoder-only
+    # configs (no language model; see cpu_support/tiny_kimi_minimax.py).
+    "kimi_vl": Family(
+        (Variant("Kimi-VL", f"{KIMI_MINIMAX}:build_tiny_kimi_vl"),),
+        compiled=(),
+        note="MoonViT (Kimi-VL): no torch.compile piece in the tower.",
+    ),
+    "kimi_k25": Family(
+        (Variant("Kimi-K2.5", f"{KIMI_MINIMAX}:build_tiny_kimi_k25"),),
+        compiled=(KIMI_K25_ROPE_SHAPE,),
+    ),
+    "kimi_k3": Family(
+        (Variant("Kimi-K3", f"{KIMI_MINIMAX}:build_tiny_kimi_k3"),),
+        compiled=(),
+        note="Kimi-K3's tower: no torch.compile piece reached on CPU.",
+    ),
+    "minimax_vl": Family(
+        (Variant("MiniMax-VL (M3)", f"{KIMI_MINIMAX}:build_tiny_minimax_vl"),),
+        compiled=(MINIMAX_ROPE,),
+    ),
 }
 
 MODES = ("shipped", "none", "first")
 
 
 def _resolve(path: str):
+    """The compiled function at ``module:attribute``; when the attribute is a
+    plain wrapper around it (Kimi-K2.5's get_rope_shape), the compiled
+    function the wrapper closes over."""
     module, name = path.split(":")
-    return getattr(importlib.import_module(module), name)
+    fn = getattr(importlib.import_module(module), name)
+    if hasattr(fn, "_torchdynamo_orig_callable"):
+        return fn
+    for cell in getattr(fn, "__closure__", None) or ():
+        inner = cell.cell_contents
+        if hasattr(inner, "_torchdynamo_orig_callable"):
+            return inner
+    return fn
 
 
 def _cache_entries(fn) -> int:

@@ -8,6 +8,12 @@ encoder flag read from the published runtime context, where the model reads
 it). The language models (DeepSeek-V2/V3, Kimi-Linear, MiniMax-M3 MoE) are
 not built: only the towers run under the DP encoder.
 
+The ``build_tiny_<family>`` functions at the end build the REAL top-level
+classes (``KimiVLForConditionalGeneration``, ``KimiK25ForConditionalGeneration``,
+``KimiK3ForConditionalGeneration``, ``MiniMaxM3SparseForConditionalGeneration``)
+around these towers, from encoder-only configs (no language model), for the
+post-load hook tests and scripts/vision_warmup_audit.py.
+
 Widths are picked so that no width equals another or a warm-up patch count
 (Dynamo duck-sizes equal sizes into one symbol): hidden 80, 4 heads of 20,
 MLP 112; the learnable position embedding keeps the real 64x64 grid.
@@ -17,6 +23,7 @@ Call :func:`publish_cpu_context` (and :func:`init_gloo`) before building.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
@@ -225,3 +232,154 @@ def run_rank_share(tower, call, *, family: str, seed: int = 0):
     pixels = torch.randn((n, *patch_shape(tower)), generator=gen)
     pixels = pixels.to(device=device, dtype=dtype)
     return call_tower_on_rank_share(tower, pixels, grids, rope_type, pass_list)
+
+
+# ---------------------------------------------------------------------------
+# Full models: SGLang's REAL top-level classes, built encoder-only.
+#
+# The warm-up hook (``maybe_precompile_model_kernels_after_loading`` ->
+# ``warm_up_vision_encoder``) lives on the top-level class and reads its
+# ``use_data_parallel`` and its tower attribute, both set by the real
+# ``__init__`` from the published runtime context. The language models
+# (DeepSeek-V2 / V3 MLA + MoE, Kimi-Linear, MiniMax-M3 MoE with index
+# attention) are not built, and never run in these checks; each config
+# carries ``encoder_only=True``, the
+# flag ``ModelConfig`` sets on an ``--encoder-only`` server's HF config, so
+# the real ``__init__`` builds the tower and projector and skips the LM. The
+# process-wide ``get_disagg().encoder_only`` is left as the caller set it:
+# the config flag only decides what is built, the runtime flag decides
+# whether the hook warms.
+#
+# Text configs carry a tiny hidden size (the projectors' output width), and
+# ``language_only=False`` as ``ModelConfig`` sets it.
+
+TINY_TEXT_HIDDEN = 96
+
+
+@contextlib.contextmanager
+def _moonvit_on_cpu():
+    """Kimi-VL's ``Rope2DPosEmb`` reads its device from ``get_device()`` at
+    build time, which off the CPU engine branch asks CUDA; point it at "cpu"
+    for the build only."""
+    from sglang.srt.models import kimi_vl_moonvit
+
+    previous = kimi_vl_moonvit.get_device
+    kimi_vl_moonvit.get_device = lambda *a, **k: "cpu"
+    try:
+        yield
+    finally:
+        kimi_vl_moonvit.get_device = previous
+
+
+def _finish_model(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    fill_weights_(model, seed)
+    return model.eval()
+
+
+def _encoder_only_flags(config) -> None:
+    config.encoder_only = True
+    config.language_only = False
+
+
+def build_tiny_kimi_vl(*, seed: int = 0, dtype=torch.float32):
+    """SGLang's ``KimiVLForConditionalGeneration``, tiny, encoder-only config
+    (tower ``vision_tower``: ``MoonVitPretrainedModel``)."""
+    from sglang.srt.configs.kimi_vl import KimiVLConfig
+    from sglang.srt.models.kimi_vl import KimiVLForConditionalGeneration
+
+    config = KimiVLConfig(
+        vision_config=dict(TINY_MOONVIT),
+        text_config=dict(hidden_size=TINY_TEXT_HIDDEN, vocab_size=1024),
+    )
+    _encoder_only_flags(config)
+    with default_dtype(dtype), _moonvit_on_cpu():
+        model = KimiVLForConditionalGeneration(config)
+    return _finish_model(model, seed)
+
+
+def build_tiny_kimi_k25(*, seed: int = 0, dtype=torch.float32):
+    """SGLang's ``KimiK25ForConditionalGeneration``, tiny, encoder-only config
+    (tower ``vision_tower``: ``MoonViT3dPretrainedModel``)."""
+    from sglang.srt.configs.kimi_k25 import KimiK25Config
+    from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
+
+    config = KimiK25Config(
+        # The projector reads vt_hidden_size, as in the published checkpoints'
+        # vision_config (the tower reads hidden_size; both are the tower width).
+        vision_config=dict(
+            TINY_K25_VISION, vt_hidden_size=TINY_HIDDEN, text_hidden_size=TINY_TEXT_HIDDEN
+        ),
+        text_config=dict(hidden_size=TINY_TEXT_HIDDEN, vocab_size=1024),
+    )
+    _encoder_only_flags(config)
+    with default_dtype(dtype):
+        model = KimiK25ForConditionalGeneration(config)
+    return _finish_model(model, seed)
+
+
+def build_tiny_kimi_k3(*, seed: int = 0, dtype=torch.float32):
+    """SGLang's ``KimiK3ForConditionalGeneration``, tiny, encoder-only config
+    (tower ``vision_tower``: ``KimiK3VisionTower``; the class always sets
+    ``use_data_parallel = True``)."""
+    from sglang.srt.configs.kimi_k3 import KimiK3Config
+    from sglang.srt.models.kimi_k3 import KimiK3ForConditionalGeneration
+
+    config = KimiK3Config(
+        vision_config=dict(TINY_K3_VISION),
+        text_config=dict(hidden_size=TINY_K3_VISION["text_hidden_size"], vocab_size=1024),
+    )
+    _encoder_only_flags(config)
+    with default_dtype(dtype):
+        model = KimiK3ForConditionalGeneration(config)
+    return _finish_model(model, seed)
+
+
+@contextlib.contextmanager
+def _no_encoder_processor():
+    """The encoder-only branch of MiniMax-VL's ``__init__`` loads the HF
+    processor (``tokenizer_manager.get_processor_wrapper``, from the served
+    model path) for ``preprocess_mm_for_encoder``; nothing else reads it and
+    the tiny model has no processor files. Stand in ``None`` for the build."""
+    from sglang.srt.managers import tokenizer_manager
+
+    previous = tokenizer_manager.get_processor_wrapper
+    tokenizer_manager.get_processor_wrapper = lambda: None
+    try:
+        yield
+    finally:
+        tokenizer_manager.get_processor_wrapper = previous
+
+
+def build_tiny_minimax_vl(*, seed: int = 0, dtype=torch.bfloat16):
+    """SGLang's ``MiniMaxM3SparseForConditionalGeneration``, tiny, encoder-only
+    config (tower ``vision_tower``: ``MiniMaxVLVisionModel``), bf16 as the
+    tower asserts. Its real ``__init__`` runs to the encoder-only return (the
+    tower, ``use_data_parallel``; no MiniMax-M3 text model, LM head or logits
+    processor); only the processor load is stood in (``_no_encoder_processor``)."""
+    from sglang.srt.configs.minimax_vl import MiniMaxM3VLConfig
+    from sglang.srt.models.minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration
+
+    from transformers import PretrainedConfig
+
+    # The text config goes in as a config object: under transformers 5 a
+    # sub-config passed as a dict is kept as a dict (MiniMaxM3VLConfig declares
+    # no sub_configs), where the model reads text_config.hidden_size as an
+    # attribute. The vision config may stay a dict (the model reads either).
+    config = MiniMaxM3VLConfig(
+        vision_config=dict(TINY_MINIMAX_VISION),
+        text_config=PretrainedConfig(
+            hidden_size=TINY_MINIMAX_TEXT_HIDDEN, vocab_size=1024
+        ),
+    )
+    _encoder_only_flags(config)
+    with default_dtype(dtype), _no_encoder_processor():
+        model = MiniMaxM3SparseForConditionalGeneration(config)
+    return _finish_model(model, seed)
+
+
+FULL_MODEL_BUILDERS: Dict[str, Callable[..., torch.nn.Module]] = {
+    "kimi_vl": build_tiny_kimi_vl,
+    "kimi_k25": build_tiny_kimi_k25,
+    "kimi_k3": build_tiny_kimi_k3,
+    "minimax_vl": build_tiny_minimax_vl,
+}

@@ -44,6 +44,10 @@ def test_list_names_every_family():
         "glm4v",
         "bailing_mm",
         "bailing_moe_v3_vl",
+        "kimi_vl",
+        "kimi_k25",
+        "kimi_k3",
+        "minimax_vl",
     ]
 
 

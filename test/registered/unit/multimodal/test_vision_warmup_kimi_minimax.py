@@ -1,0 +1,336 @@
+"""The post-load vision warm-up for Kimi-VL, Kimi-K2.5, Kimi-K3 and MiniMax-VL,
+against SGLang's real top-level model classes on CPU.
+
+Each model is SGLang's real class (``KimiVLForConditionalGeneration``,
+``KimiK25ForConditionalGeneration``, ``KimiK3ForConditionalGeneration``,
+``MiniMaxM3SparseForConditionalGeneration``) built by its real ``__init__``
+from a tiny random-weight config carrying ``encoder_only=True``, which builds
+the vision tower and projector and no language model
+(``cpu_support.tiny_kimi_minimax``; the LMs have no CPU path). The hook under
+test is SGLang's real post-load hook,
+``maybe_precompile_model_kernels_after_loading``, with the series applied.
+Tower calls are observed with a forward pre-hook on the real tower (the grids
+and the keyword arguments each call got); compiles are Dynamo's own counter
+(``counters["frames"]["ok"]``).
+
+Everything runs on two gloo ranks at attention-TP 2 (platforms through
+``override_platform``). Each rank first audits every family from a reset
+Dynamo: the real hook warms (ROCm, DP encoder on), then the serving sweep
+from the 16-token floor to the 8000-token ceiling, each call handed over as
+the DP runner hands a rank its share (``call_tower_on_rank_share``).
+
+Runtime (2 CPU cores shared, load average 4-9 from other jobs): 85 s wall,
+62 s CPU with an empty Inductor cache (Kimi-K2.5's warm-up ~18 s a rank,
+MiniMax-VL's ~2.3 s); 73 s wall with a warm cache. Most of the rest is the
+two ranks importing SGLang and the 8000-token sweep (~2-5 s a family).
+"""
+
+import logging
+import math
+import time
+
+import pytest
+import torch
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
+
+from cpu_support.ranks import run_on_ranks  # noqa: E402
+from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP  # noqa: E402
+
+PLATFORMS = {
+    "CUDA": dict(is_hip=False, is_cuda=True, is_npu=False, is_xpu=False),
+    "NPU": dict(is_hip=False, is_cuda=False, is_npu=True, is_xpu=False),
+    "XPU": dict(is_hip=False, is_cuda=False, is_npu=False, is_xpu=True),
+    "ROCm": dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False),
+}
+# (platform, DP encoder) at attention-TP 2.
+WARM_AT_TP2 = [("ROCm", True), ("CUDA", True)]
+OFF_AT_TP2 = [("NPU", True), ("XPU", True), ("ROCm", False), ("CUDA", False)]
+
+# What each family must run, written out (not read from the code under test):
+# (model class, expected tower calls, the log line's grids, keyword arguments
+#  of each tower call, pixels of one patch, pixel dtype).
+MOONVIT_PATCH = (3, 14, 14)
+MINIMAX_ROWS = (3 * 2 * 14 * 14,)
+FAMILIES = {
+    "kimi_vl": (
+        "KimiVLForConditionalGeneration",
+        [[(8, 12)], [(8, 12), (16, 16)], [(40, 40)]],
+        "[[8,12]] [[8,12],[16,16]] [[40,40]]",
+        ("grid_hw", "max_seqlen"),
+        MOONVIT_PATCH,
+        torch.float32,
+    ),
+    "kimi_k25": (
+        "KimiK25ForConditionalGeneration",
+        [[(1, 8, 12)], [(1, 8, 12), (1, 16, 16)], [(1, 40, 40)]],
+        "[[1,8,12]] [[1,8,12],[1,16,16]] [[1,40,40]]",
+        (),
+        MOONVIT_PATCH,
+        torch.float32,
+    ),
+    "kimi_k3": (
+        "KimiK3ForConditionalGeneration",
+        [[(1, 8, 12)], [(1, 8, 12), (1, 16, 16)], [(1, 40, 40)]],
+        "[[1,8,12]] [[1,8,12],[1,16,16]] [[1,40,40]]",
+        ("grid_hw", "grid_thw_list", "max_seqlen"),
+        MOONVIT_PATCH,
+        torch.float32,
+    ),
+    "minimax_vl": (
+        "MiniMaxM3SparseForConditionalGeneration",
+        [[(1, 10, 14)], [(1, 10, 14), (2, 8, 8)], [(1, 48, 64)]],
+        "[[1,10,14]] [[1,10,14],[2,8,8]] [[1,48,64]]",
+        (),
+        MINIMAX_ROWS,
+        torch.bfloat16,
+    ),
+}
+# How the DP runner hands each family's rank share to its tower.
+ROPE = {
+    "kimi_vl": ("rope_2d", False),
+    "kimi_k25": ("rope_2d_packed", False),
+    "kimi_k3": ("rope_2d", True),
+    "minimax_vl": ("rope_3d", False),
+}
+# Families whose tower compiles something on the way (so the audit must see
+# compiles during the warm-up): K2.5's get_rope_shape, MiniMax's rope applier.
+COMPILES_IN_WARM_UP = ("kimi_k25", "minimax_vl")
+SWEEP = SERVING_SWEEP + [CEILING_CALL]
+assert sum(math.prod(g) for g in CEILING_CALL) == 8000 * 4
+assert min(math.prod(g) for call in SWEEP for g in call) == 16 * 4
+
+
+def _family_grid(name, grid):
+    """Kimi-VL's grids are (h, w): the sweep's (1, h, w) without the t."""
+    if name == "kimi_vl":
+        assert grid[0] == 1
+        return list(grid[1:])
+    return list(grid)
+
+
+class _WarmUpLog(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        if record.getMessage().startswith("vision warm-up"):
+            self.lines.append(record.getMessage())
+
+
+class _TowerCalls:
+    """Each real forward call of a tower: its grids and keyword names.
+
+    The grids are the call's ``grid_hw`` (rope_2d) or second positional
+    argument (rope_3d, rope_2d_packed)."""
+
+    def __init__(self, tower):
+        self.calls = []
+        self.kwargs = []
+        self._handle = tower.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        grid = kwargs["grid_hw"] if "grid_hw" in kwargs else args[1]
+        self.calls.append([tuple(int(v) for v in row) for row in grid.tolist()])
+        self.kwargs.append(tuple(sorted(kwargs)))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._handle.remove()
+
+
+def _frames_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
+
+
+def _post_load_hook(model):
+    """What SGLang runs on every rank after the weights load (and what an
+    --encoder-only server runs), with the series applied."""
+    from sglang.srt.model_executor.model_runner_components.load_model_utils import (
+        maybe_precompile_model_kernels_after_loading,
+    )
+
+    maybe_precompile_model_kernels_after_loading(model, "cpu")
+
+
+def _hook_calls(model, platform, dp_encoder, encoder_only=False):
+    """Tower calls (grids, keyword names) made before the hook returned, and
+    the warm-up log lines."""
+    from sglang.srt.runtime_context import get_disagg, get_mm, override_platform
+
+    handler = _WarmUpLog()
+    mm_logger = logging.getLogger("sglang.srt.multimodal.vision_warmup")
+    mm_logger.addHandler(handler)
+    previous = mm_logger.level
+    mm_logger.setLevel(logging.INFO)
+    try:
+        with override_platform(**PLATFORMS[platform]), get_mm().override(
+            mm_enable_dp_encoder=dp_encoder
+        ), get_disagg().override(encoder_only=encoder_only), _TowerCalls(
+            model.vision_tower
+        ) as seen:
+            _post_load_hook(model)
+    finally:
+        mm_logger.removeHandler(handler)
+        mm_logger.setLevel(previous)
+    return seen.calls, seen.kwargs, handler.lines
+
+
+def _sweep(name, tower):
+    """Each sweep call as the DP runner hands a rank its share, under the
+    event loop's grad mode. Returns the frames compiled by each call."""
+    from sglang.srt.multimodal.vision_warmup import call_tower_on_rank_share
+    from sglang.srt.utils.common import DynamicGradMode
+
+    rope_type, pass_list = ROPE[name]
+    patch, dtype = FAMILIES[name][4], FAMILIES[name][5]
+    generator = torch.Generator().manual_seed(1)
+    per_call = []
+    with DynamicGradMode():
+        for call in SWEEP:
+            grids = [_family_grid(name, g) for g in call]
+            n = sum(math.prod(g) for g in grids)
+            pixels = torch.randn((n, *patch), generator=generator).to(dtype)
+            before = _frames_compiled()
+            call_tower_on_rank_share(tower, pixels, grids, rope_type, pass_list)
+            per_call.append(_frames_compiled() - before)
+    return per_call
+
+
+def _compile_audit(name, model):
+    """From a reset Dynamo: the real hook warms (ROCm, DP encoder on), then
+    the serving sweep up to the 8000-token ceiling."""
+    from sglang.srt.runtime_context import get_mm, override_platform
+
+    torch._dynamo.reset()
+    audit = {"before": _frames_compiled()}
+    with override_platform(**PLATFORMS["ROCm"]), get_mm().override(
+        mm_enable_dp_encoder=True
+    ), _TowerCalls(model.vision_tower) as seen:
+        start = time.perf_counter()
+        _post_load_hook(model)
+        audit["hook_s"] = time.perf_counter() - start
+    audit["warm_calls"] = seen.calls
+    audit["after_warm_up"] = _frames_compiled()
+    start = time.perf_counter()
+    audit["per_call"] = _sweep(name, model.vision_tower)
+    audit["sweep_s"] = time.perf_counter() - start
+    audit["after_sweep"] = _frames_compiled()
+    return audit
+
+
+def _rank_worker(rank, world_size, init_method):
+    from cpu_support import tiny_kimi_minimax as K
+    from sglang.srt.runtime_context import get_mm
+
+    K.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
+    K.init_gloo(rank, world_size, init_method)
+    models = {name: K.FULL_MODEL_BUILDERS[name]() for name in FAMILIES}
+    # The same classes built on a server without the DP encoder.
+    with get_mm().override(mm_enable_dp_encoder=False):
+        no_dp = {name: K.FULL_MODEL_BUILDERS[name]() for name in FAMILIES}
+    out = {
+        "classes": {name: type(m).__name__ for name, m in models.items()},
+        "language_models": {
+            name: getattr(m, "language_model", getattr(m, "model", None))
+            for name, m in models.items()
+        },
+        "use_data_parallel": {
+            name: (models[name].use_data_parallel, no_dp[name].use_data_parallel)
+            for name in FAMILIES
+        },
+    }
+    # The audit first: every family from a reset Dynamo, on both ranks.
+    out["audit"] = {name: _compile_audit(name, m) for name, m in models.items()}
+    out["hook"] = {
+        (name, platform, dp): _hook_calls(
+            models[name] if dp else no_dp[name], platform, dp
+        )
+        for name in FAMILIES
+        for platform, dp in WARM_AT_TP2 + OFF_AT_TP2
+    }
+    # An --encoder-only server on a platform that never batches across requests.
+    out["encoder_only"] = {
+        name: _hook_calls(models[name], "NPU", True, encoder_only=True)
+        for name in FAMILIES
+    }
+    out["encoder_only_no_dp"] = {
+        name: _hook_calls(no_dp[name], "CUDA", False, encoder_only=True)
+        for name in FAMILIES
+    }
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_on_ranks(_rank_worker, 2, timeout=1500)
+
+
+def test_real_model_classes_encoder_only_build(ranks):
+    for out in ranks:
+        assert out["classes"] == {name: f[0] for name, f in FAMILIES.items()}
+        # The config's encoder_only skipped every language model.
+        assert out["language_models"] == {name: None for name in FAMILIES}
+        # use_data_parallel as the real __init__ sets it: from the DP encoder
+        # flag, except K3's always-replicated tower.
+        assert out["use_data_parallel"] == {
+            "kimi_vl": (True, False),
+            "kimi_k25": (True, False),
+            "kimi_k3": (True, True),
+            "minimax_vl": (True, False),
+        }
+
+
+@pytest.mark.parametrize("setting", WARM_AT_TP2, ids=lambda s: f"{s[0]}-dp{int(s[1])}")
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_rank_warms_before_the_hook_returns(ranks, name, setting):
+    _, expected, grids_text, kwarg_names, *_ = FAMILIES[name]
+    for rank, out in enumerate(ranks):
+        calls, kwargs, lines = out["hook"][(name, *setting)]
+        assert calls == expected, (rank, calls)
+        assert kwargs == [kwarg_names] * len(expected), (rank, kwargs)
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(
+            f"vision warm-up (rank {rank}): grids {grids_text} in "
+        ), lines[0]
+
+
+@pytest.mark.parametrize("setting", OFF_AT_TP2, ids=lambda s: f"{s[0]}-dp{int(s[1])}")
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_no_tower_call_off_the_condition_at_attention_tp2(ranks, name, setting):
+    for out in ranks:
+        assert out["hook"][(name, *setting)] == ([], [], [])
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_encoder_only_server_warms_every_rank(ranks, name):
+    _, expected, grids_text, *_ = FAMILIES[name]
+    for rank, out in enumerate(ranks):
+        calls, _, lines = out["encoder_only"][name]
+        assert calls == expected, rank
+        assert len(lines) == 1
+        assert lines[0].startswith(f"vision warm-up (rank {rank}): grids {grids_text}")
+        # ...but only when the DP encoder spreads images (K3 included: its
+        # tower is data-parallel by construction, the flag is off).
+        assert out["encoder_only_no_dp"][name] == ([], [], [])
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_compile_audit_no_compile_after_warm_up(ranks, name, rank):
+    audit = ranks[rank]["audit"][name]
+    print(f"\ncompile audit ({name}, rank {rank}): {audit}")
+    assert audit["warm_calls"] == FAMILIES[name][1]
+    if name in COMPILES_IN_WARM_UP:
+        # From a reset Dynamo the warm-up compiles (the counter sees the tower)...
+        assert audit["after_warm_up"] > audit["before"]
+    # ...and nothing compiles from the 16-token floor to the 8000-token call.
+    assert audit["per_call"] == [0] * len(SWEEP)
+    assert audit["after_sweep"] == audit["after_warm_up"]
