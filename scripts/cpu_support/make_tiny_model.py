@@ -40,6 +40,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if os.path.dirname(HERE) not in sys.path:
     sys.path.insert(0, os.path.dirname(HERE))
 
+from cpu_support.tiny_sizes import (  # noqa: E402  (no side effects)
+    TINY_QWEN2_5_TEXT,
+    TINY_QWEN2_5_VISION,
+    TINY_TEXT,
+    TINY_VISION,
+)
+
 # The Qwen special tokens, in Qwen's order (their ids follow the 256 bytes).
 QWEN_SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -95,39 +102,11 @@ ARCHITECTURES = {
 }
 PROCESSOR_CLASSES = {"qwen3_vl": "Qwen3VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
 
-# The tiny Qwen2.5-VL. Patch 14 (x temporal 2 x 3 channels = 1176 values a
-# patch) is not a free choice: SGLang's Qwen2_5_VLForConditionalGeneration.
-# get_image_feature only runs the tower on 2-D pixel rows 1176 wide and hands
-# any other width back untouched as if it were embeddings. Window 112 pixels
-# = 4x4 merged tokens a window, as in the real checkpoints; depth 2 with the
-# last block full-attention keeps both attention kinds alive. Heads and kv
-# heads divide by 2 (TP2); mrope 2+3+3 = head_dim / 2.
-TINY_QWEN2_5_VL_VISION = dict(
-    depth=2,
-    hidden_size=64,
-    intermediate_size=128,
-    num_heads=4,
-    in_channels=3,
-    patch_size=14,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
-    out_hidden_size=64,
-    window_size=112,
-    fullatt_block_indexes=[1],
-    tokens_per_second=2,
-    hidden_act="silu",
-)
-TINY_QWEN2_5_VL_TEXT = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
-    rms_norm_eps=1e-6,
-    hidden_act="silu",
-    tie_word_embeddings=False,
-)
+# The tiny Qwen2.5-VL: the sizes of cpu_support.tiny_sizes (tower, text),
+# with video positions at 2 tokens a second. Heads and kv heads divide by 2
+# (TP2); mrope 2+3+3 = head_dim / 2.
+TINY_QWEN2_5_VL_VISION = dict(TINY_QWEN2_5_VISION, tokens_per_second=2)
+TINY_QWEN2_5_VL_TEXT = dict(TINY_QWEN2_5_TEXT)
 TINY_QWEN2_5_VL_ROPE = {"rope_type": "default", "mrope_section": [2, 3, 3],
                         "rope_theta": 1000000.0}
 
@@ -188,79 +167,57 @@ def tokenizer_config(family: str = DEFAULT_FAMILY) -> dict:
 def model_config(family: str = DEFAULT_FAMILY) -> dict:
     """config.json for the family's architecture with the tiny sizes."""
     if _check_family(family) == "qwen2_5_vl":
-        return _qwen2_5_vl_model_config()
+        from transformers import Qwen2_5_VLConfig
+
+        return _model_config(
+            Qwen2_5_VLConfig, family, TINY_QWEN2_5_VL_TEXT, TINY_QWEN2_5_VL_ROPE,
+            TINY_QWEN2_5_VL_VISION,
+        )
     from transformers import Qwen3VLConfig
 
-    from cpu_support.tiny_sizes import TINY_TEXT, TINY_VISION
-
-    ids = token_ids()
     text = dict(TINY_TEXT)
-    text["vocab_size"] = VOCAB_SIZE
-    text["bos_token_id"] = ids["<|endoftext|>"]
-    text["eos_token_id"] = ids["<|im_end|>"]
-    rope = dict(text.pop("rope_scaling"))
-    rope["rope_theta"] = text.pop("rope_theta")
-    text["rope_parameters"] = rope
-    text["dtype"] = "bfloat16"
-    config = Qwen3VLConfig(
-        text_config=text,
-        vision_config=dict(TINY_VISION),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=text["tie_word_embeddings"],
-    )
-    config.architectures = ["Qwen3VLForConditionalGeneration"]
-    data = config.to_dict()
-    data["eos_token_id"] = ids["<|im_end|>"]
-    return data
+    rope = dict(text.pop("rope_scaling"), rope_theta=text.pop("rope_theta"))
+    return _model_config(Qwen3VLConfig, family, text, rope, TINY_VISION)
 
 
-def _qwen2_5_vl_model_config() -> dict:
-    """config.json for Qwen2_5_VLForConditionalGeneration with the tiny sizes."""
-    from transformers import Qwen2_5_VLConfig
-
+def _model_config(config_cls, family: str, text: dict, rope: dict, vision: dict) -> dict:
+    """``config_cls`` with the tiny ``text`` / ``vision`` sizes, the byte-level
+    vocabulary and the Qwen special-token ids, as a config.json dict."""
     ids = token_ids()
-    text = dict(TINY_QWEN2_5_VL_TEXT)
-    text["vocab_size"] = VOCAB_SIZE
-    text["bos_token_id"] = ids["<|endoftext|>"]
-    text["eos_token_id"] = ids["<|im_end|>"]
-    text["rope_parameters"] = dict(TINY_QWEN2_5_VL_ROPE)
-    text["dtype"] = "bfloat16"
-    config = Qwen2_5_VLConfig(
+    text = dict(
+        text,
+        vocab_size=VOCAB_SIZE,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        rope_parameters=dict(rope),
+        dtype="bfloat16",
+    )
+    config = config_cls(
         text_config=text,
-        vision_config=dict(TINY_QWEN2_5_VL_VISION),
+        vision_config=dict(vision),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=text["tie_word_embeddings"],
     )
-    config.architectures = [ARCHITECTURES["qwen2_5_vl"]]
+    config.architectures = [ARCHITECTURES[family]]
     data = config.to_dict()
     data["eos_token_id"] = ids["<|im_end|>"]
     return data
 
 
 def processor_configs(family: str = DEFAULT_FAMILY):
+    """The family's (image, video) processor configs, sized for its tower."""
     if _check_family(family) == "qwen2_5_vl":
-        return _qwen2_5_vl_processor_configs()
-    from cpu_support.tiny_sizes import TINY_VISION
-
-    common = {
-        "patch_size": TINY_VISION["patch_size"],
-        "temporal_patch_size": TINY_VISION["temporal_patch_size"],
-        "merge_size": TINY_VISION["spatial_merge_size"],
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "do_resize": True,
-        "do_convert_rgb": True,
-        "processor_class": "Qwen3VLProcessor",
-    }
+        common = _processor_common(TINY_QWEN2_5_VL_VISION, family)
+        # Merge grid 28 pixels: 224x224 -> a 16x16 patch grid, 64 image tokens.
+        size = {"shortest_edge": 28 * 28, "longest_edge": MAX_PIXELS}
+        image = dict(common, image_processor_type="Qwen2VLImageProcessorFast", size=size)
+        video = dict(common, video_processor_type="Qwen2VLVideoProcessor", size=dict(size),
+                     fps=2, min_frames=2, max_frames=8, do_sample_frames=False)
+        return image, video
+    common = _processor_common(TINY_VISION, family)
     image = dict(
         common,
         image_processor_type="Qwen2VLImageProcessorFast",
@@ -278,9 +235,9 @@ def processor_configs(family: str = DEFAULT_FAMILY):
     return image, video
 
 
-def _qwen2_5_vl_processor_configs():
-    vision = TINY_QWEN2_5_VL_VISION
-    common = {
+def _processor_common(vision: dict, family: str) -> dict:
+    """What the image and video processors of a family share."""
+    return {
         "patch_size": vision["patch_size"],
         "temporal_patch_size": vision["temporal_patch_size"],
         "merge_size": vision["spatial_merge_size"],
@@ -291,14 +248,8 @@ def _qwen2_5_vl_processor_configs():
         "do_normalize": True,
         "do_resize": True,
         "do_convert_rgb": True,
-        "processor_class": PROCESSOR_CLASSES["qwen2_5_vl"],
+        "processor_class": PROCESSOR_CLASSES[family],
     }
-    # Merge grid 28 pixels: 224x224 -> a 16x16 patch grid, 64 image tokens.
-    size = {"shortest_edge": 28 * 28, "longest_edge": MAX_PIXELS}
-    image = dict(common, image_processor_type="Qwen2VLImageProcessorFast", size=size)
-    video = dict(common, video_processor_type="Qwen2VLVideoProcessor", size=dict(size),
-                 fps=2, min_frames=2, max_frames=8, do_sample_frames=False)
-    return image, video
 
 
 def _write_json(path: str, data: dict) -> None:

@@ -6,11 +6,19 @@ grids, or ready-made items) through the real
 does, with the real model's ``get_image_feature`` as the embedding function.
 ``TowerCalls`` observes the vision tower's real forward calls (it wraps
 nothing; it is a forward pre-hook) so tests can count encoder calls and the
-images each call carried.
+images each call carried; ``first_dims`` records the first dimension of a
+module's input instead, for towers fed pixels or tiles. ``encoder_spy``
+counts the encoder calls themselves. ``PLATFORMS`` are the
+``override_platform`` settings; ``WarmUpLog`` / ``LogRecords`` collect log
+lines; ``post_load_hook`` is SGLang's post-load hook and ``frames_compiled``
+Dynamo's count of compiled frames.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import types
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
@@ -20,6 +28,16 @@ from cpu_support.tiny_qwen3_vl import image_item, tokens_per_image
 
 TEXT_BEFORE = 5  # text tokens before the first image of a request
 TEXT_BETWEEN = 2  # text tokens between two images / after the last
+
+# override_platform(**PLATFORMS[name]): the platform facts SGLang reads.
+PLATFORMS = {
+    "CUDA": dict(is_hip=False, is_cuda=True, is_npu=False, is_xpu=False),
+    "NPU": dict(is_hip=False, is_cuda=False, is_npu=True, is_xpu=False),
+    "XPU": dict(is_hip=False, is_cuda=False, is_npu=False, is_xpu=True),
+    "ROCm": dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False),
+}
+ROCM = PLATFORMS["ROCm"]
+CUDA = PLATFORMS["CUDA"]
 
 
 @dataclass
@@ -47,6 +65,16 @@ def make_request(
     return Request(items=items, length=pos)
 
 
+def from_mm_inputs(mm_inputs, length: int) -> Request:
+    """A whole prompt of ``length`` tokens from its real ``MultimodalInputs``:
+    its image items, picked as ``embed_mm_inputs`` picks them for the image
+    modality."""
+    from sglang.srt.managers.schedule_batch import Modality
+
+    images = [it for it in mm_inputs.mm_items if it.is_modality(Modality.IMAGE)]
+    return Request(items=images, length=length)
+
+
 def run_prefill_embedding(model, requests: List[Request]) -> Optional[torch.Tensor]:
     """The step's multimodal embedding rows, from the REAL scheduler function."""
     from sglang.srt.managers import mm_schedule
@@ -68,6 +96,98 @@ def run_prefill_embedding(model, requests: List[Request]) -> Optional[torch.Tens
         input_ids,
     )
     return embedding
+
+
+def encoder_spy(model, record):
+    """``model.get_image_feature`` as a bound method of ``model`` that hands
+    each call's items to ``record`` and then runs the real method."""
+    real = type(model).get_image_feature
+
+    def get_image_feature(self, items):
+        record(items)
+        return real(self, items)
+
+    return types.MethodType(get_image_feature, model)
+
+
+def first_dims(module: torch.nn.Module, seen: list):
+    """A forward pre-hook on ``module`` that appends the first dimension of
+    each call's input (the first positional argument, else the first keyword
+    one) to ``seen``; returns the hook's handle."""
+
+    def hook(mod, args, kwargs):
+        x = args[0] if args else next(iter(kwargs.values()))
+        seen.append(int(x.shape[0]))
+
+    return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+class LogRecords(logging.Handler):
+    """Collects ``(level, message)`` of each record it is handed."""
+
+    def __init__(self, level: int = logging.DEBUG):
+        super().__init__(level)
+        self.lines = []
+
+    def line(self, record):
+        return record.levelno, record.getMessage()
+
+    def emit(self, record):
+        line = self.line(record)
+        if line is not None:
+            self.lines.append(line)
+
+
+class WarmUpLog(LogRecords):
+    """Collects the messages that start with "vision warm-up" (INFO and up)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+
+    def line(self, record):
+        message = record.getMessage()
+        return message if message.startswith("vision warm-up") else None
+
+
+def capture_log(name: str) -> LogRecords:
+    """A ``LogRecords`` on logger ``name``, set to INFO, for the rest of the process."""
+    handler = LogRecords()
+    log = logging.getLogger(name)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return handler
+
+
+@contextlib.contextmanager
+def warm_up_log():
+    """A ``WarmUpLog`` on the vision warm-up's logger (set to INFO) while inside."""
+    handler = WarmUpLog()
+    log = logging.getLogger("sglang.srt.multimodal.vision_warmup")
+    previous = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(previous)
+
+
+def post_load_hook(model) -> None:
+    """What SGLang runs on every rank after the weights load (and what an
+    --encoder-only server runs), with the series applied."""
+    from sglang.srt.model_executor.model_runner_components.load_model_utils import (
+        maybe_precompile_model_kernels_after_loading,
+    )
+
+    maybe_precompile_model_kernels_after_loading(model, "cpu")
+
+
+def frames_compiled() -> int:
+    """Frames Dynamo has compiled in this process (its own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
 
 
 def fresh_embedding_cache(max_bytes: int = 1 << 30) -> None:

@@ -14,7 +14,11 @@ context is published and the model-parallel groups exist.
 
 from __future__ import annotations
 
+import torch
+
 from cpu_support.tiny_qwen3_vl import TINY_VISION, build_tiny_qwen3_vl
+from cpu_support.tiny_sizes import TINY_QWEN2_5_VISION as _QWEN2_5_SERVER_VISION
+from cpu_support.tiny_sizes import TINY_TOWER
 
 # A hybrid (Qwen3-Next style) text stack: one linear-attention layer, one
 # full-attention layer. partial_rotary_factor 1.0 keeps the mrope sections
@@ -60,14 +64,9 @@ TINY_MOE_TEXT = dict(
 # intermediate 96 keeps every width of its compiled pieces distinct from the
 # warm-up's patch counts, as in a real checkpoint.
 TINY_GLM_VISION = dict(
-    depth=2,
-    hidden_size=64,
+    TINY_TOWER,
     intermediate_size=96,
-    num_heads=4,
-    in_channels=3,
     patch_size=14,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
     out_hidden_size=64,
     rms_norm_eps=1e-5,
     swiglu_limit=7.0,
@@ -78,6 +77,18 @@ TINY_GLM_TEXT = dict(vocab_size=1024, hidden_size=64, num_hidden_layers=1)
 
 def _vision(**overrides) -> dict:
     return dict(TINY_VISION, **overrides)
+
+
+def build_tiny_family_model(
+    config, model_cls, *, seed: int = 0, top_level=None, dtype: torch.dtype = torch.float32
+):
+    """``model_cls`` from ``config`` with seeded random weights on CPU, after
+    setting ``top_level`` attributes on the config and naming the class as
+    its architecture."""
+    for key, value in (top_level or {}).items():
+        setattr(config, key, value)
+    config.architectures = [model_cls.__name__]
+    return build_tiny_qwen3_vl(config, model_cls=model_cls, seed=seed, dtype=dtype)
 
 
 def build_tiny_qwen3_5(*, moe: bool = False, seed: int = 0, **top_level):
@@ -96,8 +107,7 @@ def build_tiny_qwen3_5(*, moe: bool = False, seed: int = 0, **top_level):
         vision_config=_vision(),
         **top_level,
     )
-    config.architectures = [model_cls.__name__]
-    return build_tiny_qwen3_vl(config, model_cls=model_cls, seed=seed)
+    return build_tiny_family_model(config, model_cls, seed=seed)
 
 
 def build_tiny_qwen4_exp(*, seed: int = 0, **top_level):
@@ -110,8 +120,7 @@ def build_tiny_qwen4_exp(*, seed: int = 0, **top_level):
         vision_config=_vision(deepstack_visual_indexes=[]),
         **top_level,
     )
-    config.architectures = ["Qwen4ExpForConditionalGeneration"]
-    return build_tiny_qwen3_vl(config, model_cls=Qwen4ExpForConditionalGeneration, seed=seed)
+    return build_tiny_family_model(config, Qwen4ExpForConditionalGeneration, seed=seed)
 
 
 def build_tiny_glm5_next(*, seed: int = 0, **top_level):
@@ -123,8 +132,7 @@ def build_tiny_glm5_next(*, seed: int = 0, **top_level):
         vision_config=dict(TINY_GLM_VISION),
         **top_level,
     )
-    config.architectures = ["Glm5NextForConditionalGeneration"]
-    return build_tiny_qwen3_vl(config, model_cls=Glm5NextForConditionalGeneration, seed=seed)
+    return build_tiny_family_model(config, Glm5NextForConditionalGeneration, seed=seed)
 
 
 # ---------------------------------------------------------------------------
@@ -151,23 +159,8 @@ def _text_fields_on_top(config, text: dict) -> None:
         setattr(config, key, value)
 
 
-# Qwen2.5-VL tower: patch 14, window attention (window 112 px = 4x4 merged
-# rows) in block 0, full attention in block 1, gated SiLU MLP.
-TINY_QWEN2_5_VISION = dict(
-    depth=2,
-    hidden_size=64,
-    intermediate_size=112,
-    num_heads=4,
-    in_channels=3,
-    patch_size=14,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
-    window_size=112,
-    fullatt_block_indexes=[1],
-    out_hidden_size=80,
-    hidden_act="silu",
-)
-TINY_QWEN2_5_TEXT = dict(
+# The text stacks of these families: one layer of width 80 (head size 20).
+_TEXT_80 = dict(
     vocab_size=1024,
     hidden_size=80,
     intermediate_size=160,
@@ -176,10 +169,20 @@ TINY_QWEN2_5_TEXT = dict(
     num_key_value_heads=2,
     max_position_embeddings=4096,
     rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
+
+# Qwen2.5-VL tower: the CPU server's (patch 14, window attention (window
+# 112 px = 4x4 merged rows) in block 0, full attention in block 1, gated SiLU
+# MLP), with widths kept off the warm-up's counts.
+TINY_QWEN2_5_VISION = dict(
+    _QWEN2_5_SERVER_VISION, intermediate_size=112, out_hidden_size=80
+)
+TINY_QWEN2_5_TEXT = dict(
+    _TEXT_80,
     rope_theta=1000000.0,
     # head size 20: sections 2+4+4 = head / 2.
     rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": [2, 4, 4]},
-    tie_word_embeddings=False,
     hidden_act="silu",
 )
 
@@ -199,47 +202,32 @@ def build_tiny_qwen2_5_vl(*, seed: int = 0, **top_level):
     _text_fields_on_top(config, TINY_QWEN2_5_TEXT)
     config.encoder_only = False
     config.language_only = False
-    for key, value in top_level.items():
-        setattr(config, key, value)
-    config.architectures = ["Qwen2_5_VLForConditionalGeneration"]
-    return build_tiny_qwen3_vl(
-        config, model_cls=Qwen2_5_VLForConditionalGeneration, seed=seed
+    return build_tiny_family_model(
+        config, Qwen2_5_VLForConditionalGeneration, seed=seed, top_level=top_level
     )
 
 
 # GLM-4V tower: patch 14, learned 12x12 position table interpolated
 # (bicubic grid_sample) to each image, RMSNorm, downsample conv, merger.
 TINY_GLM4V_VISION = dict(
-    depth=2,
-    hidden_size=64,
+    TINY_TOWER,
     intermediate_size=112,
-    num_heads=4,
-    in_channels=3,
     patch_size=14,
     image_size=168,
-    spatial_merge_size=2,
-    temporal_patch_size=2,
     out_hidden_size=80,
     rms_norm_eps=1e-5,
     attention_bias=False,
     hidden_act="silu",
 )
 TINY_GLM4V_TEXT = dict(
-    vocab_size=1024,
-    hidden_size=80,
-    intermediate_size=160,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    _TEXT_80,
     head_dim=20,
-    max_position_embeddings=4096,
     rms_norm_eps=1e-5,
     rope_theta=10000.0,
     # rotary on half the head (10): sections 1+2+2.
     partial_rotary_factor=0.5,
     rope_scaling={"rope_type": "default", "mrope_section": [1, 2, 2]},
     attention_bias=True,
-    tie_word_embeddings=False,
     hidden_act="silu",
 )
 TINY_GLM4V_MOE_TEXT = dict(
@@ -277,26 +265,13 @@ def build_tiny_glm4v(*, moe: bool = False, seed: int = 0, **top_level):
     text = TINY_GLM4V_MOE_TEXT if moe else TINY_GLM4V_TEXT
     config = config_cls(text_config=dict(text), vision_config=dict(TINY_GLM4V_VISION))
     _text_fields_on_top(config, text)
-    for key, value in top_level.items():
-        setattr(config, key, value)
-    config.architectures = [model_cls.__name__]
-    return build_tiny_qwen3_vl(config, model_cls=model_cls, seed=seed)
+    return build_tiny_family_model(config, model_cls, seed=seed, top_level=top_level)
 
 
 # Bailing's towers are Qwen3-VL's: the tiny Qwen3-VL vision sizes, with a
-# one-layer Bailing MoE text model whose only layer is dense.
-TINY_BAILING_V2_TEXT = dict(
-    vocab_size=1024,
-    hidden_size=80,
-    intermediate_size=160,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=20,
-    max_position_embeddings=4096,
-    rms_norm_eps=1e-6,
-    partial_rotary_factor=1.0,
-    rope_scaling={"rope_type": "default", "mrope_section": [2, 4, 4]},
+# one-layer Bailing MoE text model whose only layer is dense
+# (first_k_dense_replace=1); Ling-3 VL's MoE block is the same.
+_BAILING_MOE = dict(
     num_experts=4,
     num_shared_experts=1,
     num_experts_per_tok=2,
@@ -304,9 +279,15 @@ TINY_BAILING_V2_TEXT = dict(
     topk_group=1,
     moe_intermediate_size=48,
     first_k_dense_replace=1,
+)
+TINY_BAILING_V2_TEXT = dict(
+    _TEXT_80,
+    **_BAILING_MOE,
+    head_dim=20,
+    partial_rotary_factor=1.0,
+    rope_scaling={"rope_type": "default", "mrope_section": [2, 4, 4]},
     use_qkv_bias=False,
     use_bias=False,
-    tie_word_embeddings=False,
 )
 
 
@@ -333,38 +314,24 @@ def build_tiny_bailing_mm(*, seed: int = 0, vision: str = "qwen3", **top_level):
         config.vision_config.architectures = ["Qwen2_5_VisionTransformer"]
     elif vision != "qwen3":
         raise ValueError(f"unknown Bailing vision tower {vision!r}")
-    config.architectures = ["BailingMMNativeForConditionalGeneration"]
-    return build_tiny_qwen3_vl(
-        config, model_cls=BailingMMNativeForConditionalGeneration, seed=seed
+    return build_tiny_family_model(
+        config, BailingMMNativeForConditionalGeneration, seed=seed
     )
 
 
 # Ling-3 VL text: one MLA layer (layer_group_size 1: full attention), dense.
 TINY_BAILING_V3_TEXT = dict(
-    vocab_size=1024,
-    hidden_size=80,
-    intermediate_size=160,
-    num_hidden_layers=1,
-    num_attention_heads=4,
+    _TEXT_80,
+    **_BAILING_MOE,
     num_key_value_heads=4,
     head_dim=20,
-    max_position_embeddings=4096,
-    rms_norm_eps=1e-6,
     rope_scaling={"rope_type": "default", "mrope_section": [2, 4, 4]},
-    num_experts=4,
-    num_shared_experts=1,
-    num_experts_per_tok=2,
-    n_group=1,
-    topk_group=1,
-    moe_intermediate_size=48,
-    first_k_dense_replace=1,
     layer_group_size=1,
     kv_lora_rank=40,
     q_lora_rank=None,
     qk_rope_head_dim=20,
     qk_nope_head_dim=20,
     v_head_dim=20,
-    tie_word_embeddings=False,
 )
 
 
@@ -379,7 +346,6 @@ def build_tiny_bailing_moe_v3_vl(*, seed: int = 0, **top_level):
         vision_config=_vision(out_hidden_size=80, deepstack_visual_indexes=[]),
         **top_level,
     )
-    config.architectures = ["BailingMoeV3VLForConditionalGeneration"]
-    return build_tiny_qwen3_vl(
-        config, model_cls=BailingMoeV3VLForConditionalGeneration, seed=seed
+    return build_tiny_family_model(
+        config, BailingMoeV3VLForConditionalGeneration, seed=seed
     )

@@ -16,52 +16,36 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=420, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
-import os  # noqa: E402
 import re  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import urllib.request  # noqa: E402
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
 import bench_image_burst as B  # noqa: E402
-from cpu_support.cpu_server import CpuServer  # noqa: E402
 from cpu_support.make_tiny_model import make_tiny_model  # noqa: E402
-from cpu_support.sglang_trees import series_tree  # noqa: E402
+from cpu_support.served_burst import serve_and_burst  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 WARM_UP = re.compile(r"vision warm-up \(rank (\d+)\)")
+
+
+def _metrics(srv):
+    with urllib.request.urlopen(f"{srv.base_url}/metrics", timeout=30) as r:
+        return r.read().decode()
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     work = tmp_path_factory.mktemp("cpu-server")
     model = make_tiny_model(str(work / "model"))
-    tree = series_tree()
-    srv = CpuServer(model, log_path=str(work / "server.log"), tp_size=2, dp_encoder=True,
-                    python_path=[tree], simulate_rocm_gate=True,
-                    extra_args=["--enable-metrics"], ready_timeout=900)
-    srv.start()
-    pids = srv.pids()
-    run = None
-    try:
-        out_json, out_md = work / "burst.json", work / "burst.md"
-        cmd = [sys.executable, os.path.join(ROOT, "scripts", "bench_image_burst.py"),
-               "--base-url", srv.base_url, "--model", model,
-               "--bursts", "1", "--num-prompts", "3", "--max-concurrency", "3",
-               "--image-resolution", "224x224", "--input-len", "32", "--output-len", "4",
-               "--warmup-text-prompts", "1", "--server-log", srv.log_path,
-               "--server-flags", " ".join(srv.server_flags), "--sglang-target", tree,
-               "--out-json", str(out_json), "--out-md", str(out_md),
-               "--work-dir", str(work / "bench"), "--timeout", "600"]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-        with urllib.request.urlopen(f"{srv.base_url}/metrics", timeout=30) as r:
-            metrics_text = r.read().decode()
-    finally:
-        leftovers = srv.stop()
-    yield {"srv": srv, "pids": pids, "leftovers": leftovers, "run": run, "work": work,
-           "json": out_json, "md": out_md, "metrics": metrics_text}
+    served = serve_and_burst(
+        model, work,
+        ["--bursts", "1", "--num-prompts", "3", "--max-concurrency", "3",
+         "--image-resolution", "224x224", "--input-len", "32", "--output-len", "4",
+         "--warmup-text-prompts", "1"],
+        timeout=900, server_kwargs={"simulate_rocm_gate": True}, while_up=_metrics,
+    )
+    yield dict(served, metrics=served["while_up"])
 
 
 @pytest.mark.slow

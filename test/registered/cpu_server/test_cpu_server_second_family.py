@@ -29,18 +29,14 @@ register_cpu_ci(est_time=300, suite="stage-a-test-cpu")
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
 
 import bench_image_burst as B  # noqa: E402
-from cpu_support.cpu_server import CpuServer  # noqa: E402
 from cpu_support.make_tiny_model import make_tiny_model  # noqa: E402
-from cpu_support.sglang_trees import series_tree  # noqa: E402
+from cpu_support.served_burst import serve_and_burst  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 WARM_UP = re.compile(r"vision warm-up \(rank (\d+)\): grids (.*) in [\d.]+ s")
 # Two images a request: requests of a burst may reach the scheduler in
 # different prefill steps (each its own encoder call), and a one-image call
@@ -55,33 +51,19 @@ def served(tmp_path_factory):
     model = make_tiny_model(str(work / "model"), family="qwen2_5_vl")
     with open(os.path.join(model, "config.json")) as f:
         assert json.load(f)["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
-    tree = series_tree()
-    srv = CpuServer(model, log_path=str(work / "server.log"), tp_size=2, dp_encoder=True,
-                    python_path=[tree], extra_args=["--enable-metrics"], ready_timeout=900)
-    srv.start()
-    pids = srv.pids()
-    run = None
-    try:
-        out_json, out_md = work / "burst.json", work / "burst.md"
-        # --seed-step 1: the second burst's images differ from the first's, so
-        # the embedding cache cannot serve it and the encoder runs again.
-        cmd = [sys.executable, os.path.join(ROOT, "scripts", "bench_image_burst.py"),
-               "--base-url", srv.base_url, "--model", model,
-               "--bursts", str(BURSTS), "--seed-step", "1",
-               "--num-prompts", str(PROMPTS), "--max-concurrency", str(PROMPTS),
-               "--image-count", str(IMAGES),
-               "--image-resolution", "224x224", "--input-len", "16", "--output-len", "2",
-               "--server-log", srv.log_path,
-               "--server-flags", " ".join(srv.server_flags), "--sglang-target", tree,
-               "--out-json", str(out_json), "--out-md", str(out_md),
-               "--work-dir", str(work / "bench"), "--timeout", "600"]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=1500)
-    finally:
-        leftovers = srv.stop()
-    with open(srv.log_path, errors="replace") as f:
+    # --seed-step 1: the second burst's images differ from the first's, so
+    # the embedding cache cannot serve it and the encoder runs again.
+    served = serve_and_burst(
+        model, work,
+        ["--bursts", str(BURSTS), "--seed-step", "1",
+         "--num-prompts", str(PROMPTS), "--max-concurrency", str(PROMPTS),
+         "--image-count", str(IMAGES),
+         "--image-resolution", "224x224", "--input-len", "16", "--output-len", "2"],
+        timeout=1500,
+    )
+    with open(served["srv"].log_path, errors="replace") as f:
         log = f.read()
-    yield {"srv": srv, "pids": pids, "leftovers": leftovers, "run": run, "work": work,
-           "json": out_json, "log": log}
+    yield dict(served, log=log)
 
 
 def _data(served):

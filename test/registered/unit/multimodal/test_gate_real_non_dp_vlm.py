@@ -17,7 +17,6 @@ tower calls with forward pre-hooks.
 """
 
 import logging
-import types
 
 import pytest
 import torch
@@ -26,204 +25,62 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
+from cpu_support import mm_harness as H  # noqa: E402
 from cpu_support.ranks import run_on_ranks  # noqa: E402
-
-ROCM = dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False)
-CUDA = dict(is_hip=False, is_cuda=True, is_npu=False, is_xpu=False)
-
-# Tiny Gemma3: 32x32 pixels in 8x8 patches (16 patches), pooled to 4 tokens.
-GEMMA3_TOKENS_PER_IMAGE = 4
-GEMMA3_HIDDEN = 64
-
-
-def tiny_gemma3_config():
-    from transformers import Gemma3Config
-
-    config = Gemma3Config(
-        text_config=dict(
-            vocab_size=512,
-            hidden_size=GEMMA3_HIDDEN,
-            intermediate_size=128,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            max_position_embeddings=512,
-            sliding_window=64,
-            rope_scaling=None,
-        ),
-        vision_config=dict(
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            image_size=32,
-            patch_size=8,
-            num_channels=3,
-        ),
-        mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
-    )
-    config.architectures = ["Gemma3ForConditionalGeneration"]
-    return config
-
-
-def build_tiny_gemma3(seed=3, dtype=torch.float32):
-    from cpu_support import tiny_qwen3_vl as T
-    from sglang.srt.models.gemma3_mm import Gemma3ForConditionalGeneration
-
-    return T.build_tiny_qwen3_vl(
-        tiny_gemma3_config(),
-        model_cls=Gemma3ForConditionalGeneration,
-        seed=seed,
-        dtype=dtype,
-    )
-
-
-def gemma3_item(seed, offset):
-    """One 32x32 image as Gemma3's processor hands it over: [1, 3, H, W]."""
-    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
-
-    gen = torch.Generator().manual_seed(seed)
-    item = MultimodalDataItem(
-        modality=Modality.IMAGE, feature=torch.randn((1, 3, 32, 32), generator=gen)
-    )
-    item.offsets = [(offset, offset + GEMMA3_TOKENS_PER_IMAGE - 1)]
-    item.set_hash(hash(("gemma3-gate-image", seed)) & ((1 << 62) - 1))
-    return item
-
-
-TEXT_BEFORE = 5
-TEXT_AFTER = 2
-
-
-def gemma3_request(seed):
-    from sglang.srt.managers.schedule_batch import MultimodalInputs
-
-    item = gemma3_item(seed, TEXT_BEFORE)
-    return MultimodalInputs(mm_items=[item]), TEXT_BEFORE + GEMMA3_TOKENS_PER_IMAGE + TEXT_AFTER
+from cpu_support.tiny_gemma3_internvl import (  # noqa: E402
+    GEMMA3_TOKENS_PER_IMAGE,
+    HIDDEN,
+    gemma3_request,
+)
 
 
 def qwen3_vl_request(grid, seed):
     from cpu_support.tiny_qwen3_vl import image_item, tokens_per_image
     from sglang.srt.managers.schedule_batch import MultimodalInputs
 
-    item = image_item(grid, seed=seed, offset=TEXT_BEFORE)
-    return MultimodalInputs(mm_items=[item]), TEXT_BEFORE + tokens_per_image(grid) + TEXT_AFTER
+    item = image_item(grid, seed=seed, offset=H.TEXT_BEFORE)
+    length = H.TEXT_BEFORE + tokens_per_image(grid) + H.TEXT_BETWEEN
+    return H.from_mm_inputs(MultimodalInputs(mm_items=[item]), length)
 
 
-def prefill_step(encoder, requests):
-    """One prefill step of whole prompts through the real scheduler function,
-    its arguments built from the requests' MultimodalInputs the way
-    ``embed_mm_inputs`` builds them for the image modality."""
-    from sglang.srt.managers import mm_schedule
-    from sglang.srt.managers.schedule_batch import Modality
-
-    items, sizes, offsets = [], [0], []
-    for mm_inputs, _ in requests:
-        images = [it for it in mm_inputs.mm_items if it.is_modality(Modality.IMAGE)]
-        items.extend(images)
-        sizes.append(sizes[-1] + len(images))
-        offsets.append([span for it in images for span in it.offsets])
-    lengths = [length for _, length in requests]
-    embedding, _ = mm_schedule._get_chunked_prefill_embedding(
-        encoder,
-        items,
-        sizes,
-        [0] * len(requests),
-        lengths,
-        offsets,
-        torch.zeros(sum(lengths), dtype=torch.long),
-    )
-    return embedding
-
-
-def alone(model, requests):
-    rows = []
-    for mm_inputs, _ in requests:
-        for item in mm_inputs.mm_items:
-            out = model.get_image_feature([item])
-            rows.append(out.reshape(-1, out.shape[-1]))
-    return torch.cat(rows)
-
-
-def encoder_spy(model, calls):
-    """``model.get_image_feature`` as a bound method of ``model`` that records
-    the item count of each call and runs the real method."""
-    real = type(model).get_image_feature
-
-    def get_image_feature(self, items):
-        calls.append(len(items))
-        return real(self, items)
-
-    return types.MethodType(get_image_feature, model)
-
-
-class Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append((record.levelno, record.getMessage()))
-
-
-def _capture(name):
-    handler = Records()
-    log = logging.getLogger(name)
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    return handler
-
-
-def _tower_calls(tower, sizes):
-    def hook(module, args, kwargs):
-        pixels = kwargs.get("pixel_values", args[0] if args else None)
-        sizes.append(int(pixels.shape[0]))
-
-    return tower.register_forward_pre_hook(hook, with_kwargs=True)
+def count_items(calls):
+    """An ``H.encoder_spy`` recorder: the item count of each call."""
+    return lambda items: calls.append(len(items))
 
 
 def _rank_worker(rank, world_size, init_method):
+    from cpu_support import tiny_gemma3_internvl as G
     from cpu_support import tiny_qwen3_vl as T
-    from cpu_support.mm_harness import TowerCalls, fresh_embedding_cache
-    from sglang.srt.model_executor.model_runner_components.load_model_utils import (
-        maybe_precompile_model_kernels_after_loading,
-    )
     from sglang.srt.multimodal import vit_batching
     from sglang.srt.runtime_context import override_platform
 
-    gate_log = _capture("sglang.srt.multimodal.vit_batching")
-    warm_log = _capture("sglang.srt.multimodal.vision_warmup")
+    gate_log = H.capture_log("sglang.srt.multimodal.vit_batching")
+    warm_log = H.capture_log("sglang.srt.multimodal.vision_warmup")
     result = {}
 
     # --- Gemma3: served with --mm-enable-dp-encoder at TP 2; ignores the flag.
-    T.publish_cpu_context(
-        tp_size=world_size,
-        rank=rank,
-        dp_encoder=True,
-        model_path=T.write_config_dir(tiny_gemma3_config()),
-    )
+    G.publish_dp_encoder_server(G.tiny_gemma3_config(), rank, world_size)
     T.init_gloo(rank, world_size, init_method)
-    gemma = build_tiny_gemma3()
+    gemma = G.build_tiny_gemma3(seed=3)
     result["gemma_has_dp_attr"] = hasattr(gemma, "use_data_parallel")
-    with override_platform(**ROCM):
+    with override_platform(**H.ROCM):
         # What SGLang runs on every rank after the weights load.
         first = len(warm_log.lines)
-        maybe_precompile_model_kernels_after_loading(gemma, "cpu")
+        H.post_load_hook(gemma)
         result["hook_lines"] = warm_log.lines[first:]
 
     requests = [gemma3_request(seed=201), gemma3_request(seed=202)]
     calls, towers = [], []
-    gemma.get_image_feature = encoder_spy(gemma, calls)
-    handle = _tower_calls(gemma.vision_tower, towers)
-    for name, platform in (("rocm", ROCM), ("cuda", CUDA)):
+    gemma.get_image_feature = H.encoder_spy(gemma, count_items(calls))
+    handle = H.first_dims(gemma.vision_tower, towers)
+    for name, platform in (("rocm", H.ROCM), ("cuda", H.CUDA)):
         vit_batching._logged_decisions.clear()  # a fresh server per platform
-        fresh_embedding_cache()
+        H.fresh_embedding_cache()
         calls.clear()
         towers.clear()
         first = len(gate_log.lines)
         with torch.no_grad(), override_platform(**platform):
-            out = prefill_step(gemma.get_image_feature, requests)
+            out = H.run_prefill_embedding(gemma, requests)
         result[f"gemma_{name}"] = {
             "calls": list(calls),
             "towers": list(towers),
@@ -232,22 +89,22 @@ def _rank_worker(rank, world_size, init_method):
         }
     handle.remove()
     with torch.no_grad():
-        result["gemma_alone"] = alone(gemma, requests)
+        result["gemma_alone"] = H.reference_rows(gemma, requests)
 
     # --- Qwen3-VL built with the DP encoder: its images are spread.
     T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
     qwen = T.build_tiny_qwen3_vl(seed=1)
     requests = [qwen3_vl_request((1, 8, 8), seed=301), qwen3_vl_request((1, 8, 12), seed=302)]
     calls = []
-    qwen.get_image_feature = encoder_spy(qwen, calls)
+    qwen.get_image_feature = H.encoder_spy(qwen, count_items(calls))
     vit_batching._logged_decisions.clear()
-    fresh_embedding_cache()
+    H.fresh_embedding_cache()
     first = len(gate_log.lines)
-    with torch.no_grad(), override_platform(**ROCM):
-        with TowerCalls().attach(qwen.visual) as towers:
-            out = prefill_step(qwen.get_image_feature, requests)
+    with torch.no_grad(), override_platform(**H.ROCM):
+        with H.TowerCalls().attach(qwen.visual) as towers:
+            out = H.run_prefill_embedding(qwen, requests)
         step_calls = list(calls)
-        reference = alone(qwen, requests)
+        reference = H.reference_rows(qwen, requests)
     result["qwen_rocm"] = {
         "calls": step_calls,
         "towers": towers.calls,
@@ -277,7 +134,7 @@ def test_rocm_gemma3_two_requests_take_two_encoder_calls(ranks):
         assert r["gemma_rocm"]["calls"] == [1, 1]
         # The TP-sharded tower runs once per image on every rank.
         assert r["gemma_rocm"]["towers"] == [1, 1]
-        assert r["gemma_rocm"]["out"].shape == (2 * GEMMA3_TOKENS_PER_IMAGE, GEMMA3_HIDDEN)
+        assert r["gemma_rocm"]["out"].shape == (2 * GEMMA3_TOKENS_PER_IMAGE, HIDDEN)
         torch.testing.assert_close(r["gemma_rocm"]["out"], r["gemma_alone"], rtol=1e-5, atol=1e-6)
 
 

@@ -22,12 +22,8 @@ from cpu_support import mm_harness as H  # noqa: E402
 from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
 
-PLATFORMS = {
-    "HIP": dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False),
-    "NPU": dict(is_hip=False, is_cuda=False, is_npu=True, is_xpu=False),
-    "XPU": dict(is_hip=False, is_cuda=False, is_npu=False, is_xpu=True),
-    "CUDA": dict(is_hip=False, is_cuda=True, is_npu=False, is_xpu=False),
-}
+# ROCm named HIP here, in this order (the test ids follow it).
+PLATFORMS = {"HIP": H.ROCM, **{name: H.PLATFORMS[name] for name in ("NPU", "XPU", "CUDA")}}
 
 
 def expected_batched(platform: str, dp_encoder: bool, attn_tp: int, model_dp: bool = True) -> bool:
@@ -104,11 +100,7 @@ def _gate_worker(rank, world_size, init_method):
 
     model_dir = T.write_config_dir()
     seen = {}
-    records = []
-    handler = logging.Handler()
-    handler.emit = lambda record: records.append((record.levelno, record.getMessage()))
-    logging.getLogger(vit_batching.logger.name).addHandler(handler)
-    vit_batching.logger.setLevel(logging.INFO)
+    records = H.capture_log(vit_batching.logger.name).lines
     for combo in itertools.product(PLATFORMS, (False, True), (1, 2), MODELS):
         platform, dp_encoder, attn_tp, kind = combo
         T.publish_cpu_context(tp_size=attn_tp, dp_encoder=dp_encoder, model_path=model_dir)

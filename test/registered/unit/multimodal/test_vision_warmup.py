@@ -11,7 +11,6 @@ The gate needs attention-TP 2, so those cases run on two real gloo ranks
 attention-TP 1 runs in this process.
 """
 
-import logging
 import math
 import sys
 import time
@@ -23,19 +22,13 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=150, suite="stage-a-test-cpu")
 
+from cpu_support import mm_harness as H  # noqa: E402
 from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support import tiny_vl_family as F  # noqa: E402
-from cpu_support.mm_harness import TowerCalls  # noqa: E402
+from cpu_support.mm_harness import PLATFORMS, ROCM, TowerCalls  # noqa: E402
 from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
 from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP  # noqa: E402
 
-ROCM = dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False)
-PLATFORMS = {
-    "CUDA": dict(is_hip=False, is_cuda=True, is_npu=False, is_xpu=False),
-    "NPU": dict(is_hip=False, is_cuda=False, is_npu=True, is_xpu=False),
-    "XPU": dict(is_hip=False, is_cuda=False, is_npu=False, is_xpu=True),
-    "ROCm": ROCM,
-}
 # (platform, DP encoder) at attention-TP 2. The warm-up condition: the DP
 # encoder spreads images and the platform batches across requests (CUDA
 # always, ROCm under its gate, never NPU/XPU).
@@ -58,22 +51,6 @@ assert sum(math.prod(g) for g in CEILING_CALL) == 8000 * 4
 # ---------------------------------------------------------------------------
 # Two gloo ranks: attention-TP 2, DP encoder on
 # ---------------------------------------------------------------------------
-
-
-class _WarmUpLog(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines = []
-
-    def emit(self, record):
-        if record.getMessage().startswith("vision warm-up"):
-            self.lines.append(record.getMessage())
-
-
-def _frames_compiled() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["frames"]["ok"])
 
 
 def _cache_entries(fn) -> int:
@@ -106,57 +83,38 @@ def _compile_audit(kind, model):
     if kind == "glm":
         fns["swiglu_clamped"] = glm5_next.swiglu_clamped
     sweep = GLM_SWEEP if kind == "glm" else QWEN_SWEEP
-    audit = {"before": _frames_compiled()}
+    audit = {"before": H.frames_compiled()}
     with override_platform(**ROCM), TowerCalls() as seen:
         seen.attach(model.visual)
         start = time.perf_counter()
-        _post_load_hook(model)
+        H.post_load_hook(model)
         audit["launch_s"] = time.perf_counter() - start
     audit["warm_calls"] = seen.calls
-    audit["after_warm_up"] = _frames_compiled()
+    audit["after_warm_up"] = H.frames_compiled()
     audit["entries_after_warm_up"] = {k: _cache_entries(f) for k, f in fns.items()}
     start = time.perf_counter()
     _sweep(model.visual, sweep)
     audit["sweep_s"] = time.perf_counter() - start
-    audit["after_sweep"] = _frames_compiled()
+    audit["after_sweep"] = H.frames_compiled()
     start = time.perf_counter()
     _sweep(model.visual, [CEILING_CALL])
     audit["ceiling_s"] = time.perf_counter() - start
-    audit["after_ceiling"] = _frames_compiled()
+    audit["after_ceiling"] = H.frames_compiled()
     audit["entries_after_sweep"] = {k: _cache_entries(f) for k, f in fns.items()}
     return audit
-
-
-def _post_load_hook(model):
-    """What SGLang runs on every rank after the weights load (and what an
-    --encoder-only server runs), with the series applied."""
-    from sglang.srt.model_executor.model_runner_components.load_model_utils import (
-        maybe_precompile_model_kernels_after_loading,
-    )
-
-    maybe_precompile_model_kernels_after_loading(model, "cpu")
 
 
 def _hook_calls(model, platform, dp_encoder, encoder_only=False):
     """Tower calls and warm-up log lines of one hook call in one setting."""
     from sglang.srt.runtime_context import get_disagg, get_mm, override_platform
 
-    handler = _WarmUpLog()
-    mm_logger = logging.getLogger("sglang.srt.multimodal.vision_warmup")
-    mm_logger.addHandler(handler)
-    previous = mm_logger.level
-    mm_logger.setLevel(logging.INFO)
-    try:
-        with override_platform(**PLATFORMS[platform]), get_mm().override(
-            mm_enable_dp_encoder=dp_encoder
-        ), get_disagg().override(encoder_only=encoder_only), TowerCalls() as seen:
-            if model.visual is not None:
-                seen.attach(model.visual)
-            _post_load_hook(model)
-    finally:
-        mm_logger.removeHandler(handler)
-        mm_logger.setLevel(previous)
-    return seen.calls, handler.lines
+    with H.warm_up_log() as log, override_platform(**PLATFORMS[platform]), get_mm().override(
+        mm_enable_dp_encoder=dp_encoder
+    ), get_disagg().override(encoder_only=encoder_only), TowerCalls() as seen:
+        if model.visual is not None:
+            seen.attach(model.visual)
+        H.post_load_hook(model)
+    return seen.calls, log.lines
 
 
 class _CodeCalls:
@@ -191,7 +149,7 @@ def _qwen4_order(model):
     try:
         with override_platform(**ROCM), get_mm().override(mm_enable_dp_encoder=True):
             with _CodeCalls(unquant.precompile_splitk_tactics, events):
-                _post_load_hook(model)
+                H.post_load_hook(model)
     finally:
         handle.remove()
     return events

@@ -16,7 +16,6 @@ Runtime (2 CPU cores): 30 s wall, 45 s CPU when the cores are free; 4.5 min
 wall under load average 18 (most of it the two ranks importing SGLang).
 """
 
-import logging
 import math
 import time
 
@@ -27,18 +26,13 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
 
+from cpu_support import mm_harness as H  # noqa: E402
 from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support import tiny_vl_family as F  # noqa: E402
-from cpu_support.mm_harness import TowerCalls  # noqa: E402
+from cpu_support.mm_harness import PLATFORMS, TowerCalls  # noqa: E402
 from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
 from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP  # noqa: E402
 
-PLATFORMS = {
-    "CUDA": dict(is_hip=False, is_cuda=True, is_npu=False, is_xpu=False),
-    "NPU": dict(is_hip=False, is_cuda=False, is_npu=True, is_xpu=False),
-    "XPU": dict(is_hip=False, is_cuda=False, is_npu=False, is_xpu=True),
-    "ROCm": dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False),
-}
 # (platform, DP encoder) at attention-TP 2.
 WARM_AT_TP2 = [("ROCm", True), ("CUDA", True)]
 OFF_AT_TP2 = [("NPU", True), ("XPU", True), ("ROCm", False), ("CUDA", False)]
@@ -95,51 +89,16 @@ def _tower(name, model):
     return getattr(model, FAMILIES[name][2])
 
 
-class _WarmUpLog(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines = []
-
-    def emit(self, record):
-        if record.getMessage().startswith("vision warm-up"):
-            self.lines.append(record.getMessage())
-
-
-def _frames_compiled() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["frames"]["ok"])
-
-
-def _post_load_hook(model):
-    """What SGLang runs on every rank after the weights load (and what an
-    --encoder-only server runs), with the series applied."""
-    from sglang.srt.model_executor.model_runner_components.load_model_utils import (
-        maybe_precompile_model_kernels_after_loading,
-    )
-
-    maybe_precompile_model_kernels_after_loading(model, "cpu")
-
-
 def _hook_calls(name, model, platform, dp_encoder, encoder_only=False):
     """Tower calls made before the hook returned, and the warm-up log lines."""
     from sglang.srt.runtime_context import get_disagg, get_mm, override_platform
 
-    handler = _WarmUpLog()
-    mm_logger = logging.getLogger("sglang.srt.multimodal.vision_warmup")
-    mm_logger.addHandler(handler)
-    previous = mm_logger.level
-    mm_logger.setLevel(logging.INFO)
-    try:
-        with override_platform(**PLATFORMS[platform]), get_mm().override(
-            mm_enable_dp_encoder=dp_encoder
-        ), get_disagg().override(encoder_only=encoder_only), TowerCalls() as seen:
-            seen.attach(_tower(name, model))
-            _post_load_hook(model)
-    finally:
-        mm_logger.removeHandler(handler)
-        mm_logger.setLevel(previous)
-    return seen.calls, handler.lines
+    with H.warm_up_log() as log, override_platform(**PLATFORMS[platform]), get_mm().override(
+        mm_enable_dp_encoder=dp_encoder
+    ), get_disagg().override(encoder_only=encoder_only), TowerCalls() as seen:
+        seen.attach(_tower(name, model))
+        H.post_load_hook(model)
+    return seen.calls, log.lines
 
 
 def _sweep(tower, width, calls):
@@ -151,10 +110,10 @@ def _sweep(tower, width, calls):
     per_call = []
     with DynamicGradMode():
         for call in calls:
-            before = _frames_compiled()
+            before = H.frames_compiled()
             n = sum(math.prod(g) for g in call)
             tower(torch.randn(n, width), torch.tensor([list(g) for g in call]))
-            per_call.append(_frames_compiled() - before)
+            per_call.append(H.frames_compiled() - before)
     return per_call
 
 
@@ -164,18 +123,18 @@ def _compile_audit(name, model):
     from sglang.srt.runtime_context import override_platform
 
     torch._dynamo.reset()
-    audit = {"before": _frames_compiled()}
+    audit = {"before": H.frames_compiled()}
     with override_platform(**PLATFORMS["ROCm"]), TowerCalls() as seen:
         seen.attach(_tower(name, model))
         start = time.perf_counter()
-        _post_load_hook(model)
+        H.post_load_hook(model)
         audit["hook_s"] = time.perf_counter() - start
     audit["warm_calls"] = seen.calls
-    audit["after_warm_up"] = _frames_compiled()
+    audit["after_warm_up"] = H.frames_compiled()
     start = time.perf_counter()
     audit["per_call"] = _sweep(_tower(name, model), FAMILIES[name][4], SWEEP)
     audit["sweep_s"] = time.perf_counter() - start
-    audit["after_sweep"] = _frames_compiled()
+    audit["after_sweep"] = H.frames_compiled()
     return audit
 
 
