@@ -25,7 +25,6 @@ MiniMax-VL's ~2.3 s); 73 s wall with a warm cache. Most of the rest is the
 two ranks importing SGLang and the 8000-token sweep (~2-5 s a family).
 """
 
-import logging
 import math
 import time
 
@@ -36,15 +35,15 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
+from cpu_support.mm_harness import (  # noqa: E402
+    PLATFORMS,
+    frames_compiled,
+    post_load_hook,
+    warm_up_log,
+)
 from cpu_support.ranks import run_on_ranks  # noqa: E402
 from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP  # noqa: E402
 
-PLATFORMS = {
-    "CUDA": dict(is_hip=False, is_cuda=True, is_npu=False, is_xpu=False),
-    "NPU": dict(is_hip=False, is_cuda=False, is_npu=True, is_xpu=False),
-    "XPU": dict(is_hip=False, is_cuda=False, is_npu=False, is_xpu=True),
-    "ROCm": dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False),
-}
 # (platform, DP encoder) at attention-TP 2.
 WARM_AT_TP2 = [("ROCm", True), ("CUDA", True)]
 OFF_AT_TP2 = [("NPU", True), ("XPU", True), ("ROCm", False), ("CUDA", False)]
@@ -111,16 +110,6 @@ def _family_grid(name, grid):
     return list(grid)
 
 
-class _WarmUpLog(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines = []
-
-    def emit(self, record):
-        if record.getMessage().startswith("vision warm-up"):
-            self.lines.append(record.getMessage())
-
-
 class _TowerCalls:
     """Each real forward call of a tower: its grids and keyword names.
 
@@ -144,42 +133,17 @@ class _TowerCalls:
         self._handle.remove()
 
 
-def _frames_compiled() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["frames"]["ok"])
-
-
-def _post_load_hook(model):
-    """What SGLang runs on every rank after the weights load (and what an
-    --encoder-only server runs), with the series applied."""
-    from sglang.srt.model_executor.model_runner_components.load_model_utils import (
-        maybe_precompile_model_kernels_after_loading,
-    )
-
-    maybe_precompile_model_kernels_after_loading(model, "cpu")
-
-
 def _hook_calls(model, platform, dp_encoder, encoder_only=False):
     """Tower calls (grids, keyword names) made before the hook returned, and
     the warm-up log lines."""
     from sglang.srt.runtime_context import get_disagg, get_mm, override_platform
 
-    handler = _WarmUpLog()
-    mm_logger = logging.getLogger("sglang.srt.multimodal.vision_warmup")
-    mm_logger.addHandler(handler)
-    previous = mm_logger.level
-    mm_logger.setLevel(logging.INFO)
-    try:
-        with override_platform(**PLATFORMS[platform]), get_mm().override(
-            mm_enable_dp_encoder=dp_encoder
-        ), get_disagg().override(encoder_only=encoder_only), _TowerCalls(
-            model.vision_tower
-        ) as seen:
-            _post_load_hook(model)
-    finally:
-        mm_logger.removeHandler(handler)
-        mm_logger.setLevel(previous)
+    with warm_up_log() as handler, override_platform(
+        **PLATFORMS[platform]
+    ), get_mm().override(mm_enable_dp_encoder=dp_encoder), get_disagg().override(
+        encoder_only=encoder_only
+    ), _TowerCalls(model.vision_tower) as seen:
+        post_load_hook(model)
     return seen.calls, seen.kwargs, handler.lines
 
 
@@ -198,9 +162,9 @@ def _sweep(name, tower):
             grids = [_family_grid(name, g) for g in call]
             n = sum(math.prod(g) for g in grids)
             pixels = torch.randn((n, *patch), generator=generator).to(dtype)
-            before = _frames_compiled()
+            before = frames_compiled()
             call_tower_on_rank_share(tower, pixels, grids, rope_type, pass_list)
-            per_call.append(_frames_compiled() - before)
+            per_call.append(frames_compiled() - before)
     return per_call
 
 
@@ -210,19 +174,19 @@ def _compile_audit(name, model):
     from sglang.srt.runtime_context import get_mm, override_platform
 
     torch._dynamo.reset()
-    audit = {"before": _frames_compiled()}
+    audit = {"before": frames_compiled()}
     with override_platform(**PLATFORMS["ROCm"]), get_mm().override(
         mm_enable_dp_encoder=True
     ), _TowerCalls(model.vision_tower) as seen:
         start = time.perf_counter()
-        _post_load_hook(model)
+        post_load_hook(model)
         audit["hook_s"] = time.perf_counter() - start
     audit["warm_calls"] = seen.calls
-    audit["after_warm_up"] = _frames_compiled()
+    audit["after_warm_up"] = frames_compiled()
     start = time.perf_counter()
     audit["per_call"] = _sweep(name, model.vision_tower)
     audit["sweep_s"] = time.perf_counter() - start
-    audit["after_sweep"] = _frames_compiled()
+    audit["after_sweep"] = frames_compiled()
     return audit
 
 
