@@ -1,18 +1,14 @@
-"""Tiny random-weight Kimi-VL, Kimi K2.5, Kimi K3 and MiniMax-VL vision towers, on CPU.
+"""Tiny random-weight Kimi-VL, Kimi K2.5, Kimi K3 and MiniMax-VL, on CPU.
 
-Each builder constructs SGLang's REAL tower class from the model's REAL
-config class (``MoonViTConfig``, ``KimiK25VisionConfig``,
-``KimiK3VisionConfig``, MiniMax's ``CLIPVisionConfig``), with tiny sizes and
-seeded weights, exactly as the full model's ``__init__`` builds it (the DP
-encoder flag read from the published runtime context, where the model reads
-it). The language models (DeepSeek-V2/V3, Kimi-Linear, MiniMax-M3 MoE) are
-not built: only the towers run under the DP encoder.
-
-The ``build_tiny_<family>`` functions at the end build the REAL top-level
-classes (``KimiVLForConditionalGeneration``, ``KimiK25ForConditionalGeneration``,
+The ``build_tiny_<family>`` functions build SGLang's REAL top-level classes
+(``KimiVLForConditionalGeneration``, ``KimiK25ForConditionalGeneration``,
 ``KimiK3ForConditionalGeneration``, ``MiniMaxM3SparseForConditionalGeneration``)
-around these towers, from encoder-only configs (no language model), for the
-post-load hook tests and scripts/vision_warmup_audit.py.
+from their REAL config classes with tiny sizes and seeded weights, from
+encoder-only configs: the real ``__init__`` builds the vision tower and
+projector (the DP encoder flag read from the published runtime context, where
+the model reads it) and no language model (DeepSeek-V2/V3, Kimi-Linear,
+MiniMax-M3 MoE), for the post-load hook tests and
+scripts/vision_warmup_audit.py.
 
 Widths are picked so that no width equals another or a warm-up patch count
 (Dynamo duck-sizes equal sizes into one symbol): hidden 80, 4 heads of 20,
@@ -24,8 +20,7 @@ Call :func:`publish_cpu_context` (and :func:`init_gloo`) before building.
 from __future__ import annotations
 
 import contextlib
-import math
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict
 
 from cpu_support.standins import prepare_cpu_process
 
@@ -91,147 +86,6 @@ TINY_MINIMAX_VISION = dict(
     vision_segment_max_frames=None,
 )
 TINY_MINIMAX_TEXT_HIDDEN = 96
-
-
-def _dp_encoder() -> bool:
-    from sglang.srt.runtime_context import get_mm
-
-    return bool(get_mm().mm_enable_dp_encoder)
-
-
-def _finish(tower: torch.nn.Module, seed: int) -> torch.nn.Module:
-    fill_weights_(tower, seed)
-    return tower.eval()
-
-
-def build_tiny_kimi_vl_tower(*, seed: int = 0, dtype=torch.float32, **overrides):
-    """Kimi-VL's ``MoonVitPretrainedModel`` (``model.vision_tower``).
-
-    MoonViT's ``Rope2DPosEmb`` takes its device from ``get_device()`` at
-    build time (CUDA when torch sees none raises); on CPU it is pointed at
-    "cpu" first.
-    """
-    from sglang.srt.configs.kimi_vl_moonvit import MoonViTConfig
-    from sglang.srt.models import kimi_vl_moonvit
-
-    kimi_vl_moonvit.get_device = lambda *a, **k: "cpu"
-    config = MoonViTConfig(**dict(TINY_MOONVIT, **overrides))
-    with default_dtype(dtype):
-        tower = kimi_vl_moonvit.MoonVitPretrainedModel(
-            config, prefix="vision_tower", use_data_parallel=_dp_encoder()
-        )
-    return _finish(tower, seed)
-
-
-def build_tiny_kimi_k25_tower(*, seed: int = 0, dtype=torch.float32, **overrides):
-    """Kimi K2.5's ``MoonViT3dPretrainedModel`` (``model.vision_tower``)."""
-    from sglang.srt.configs.kimi_k25 import KimiK25VisionConfig
-    from sglang.srt.models.kimi_k25 import MoonViT3dPretrainedModel
-
-    config = KimiK25VisionConfig(**dict(TINY_K25_VISION, **overrides))
-    with default_dtype(dtype):
-        tower = MoonViT3dPretrainedModel(
-            config, use_data_parallel=_dp_encoder(), prefix="vision_tower"
-        )
-    return _finish(tower, seed)
-
-
-def build_tiny_kimi_k3_tower(*, seed: int = 0, dtype=torch.float32, **overrides):
-    """Kimi K3's ``KimiK3VisionTower`` (``model.vision_tower``); always replicated."""
-    from sglang.srt.configs.kimi_k3 import KimiK3VisionConfig
-    from sglang.srt.models.kimi_k3_vl import KimiK3VisionTower
-
-    config = KimiK3VisionConfig(**dict(TINY_K3_VISION, **overrides))
-    with default_dtype(dtype):
-        tower = KimiK3VisionTower(config)
-    return _finish(tower, seed)
-
-
-def build_tiny_minimax_vl_tower(*, seed: int = 0, dtype=torch.bfloat16, **overrides):
-    """MiniMax-VL's ``MiniMaxVLVisionModel`` (``model.vision_tower``).
-
-    bf16 by default: the tower asserts bf16 pixels, and its patch embedding
-    converts itself to the pixels' dtype.
-    """
-    from sglang.srt.models.minimax_vl_common import (
-        CLIPVisionConfig,
-        MiniMaxVLVisionModel,
-    )
-
-    config = CLIPVisionConfig.from_dict(dict(TINY_MINIMAX_VISION, **overrides))
-    with default_dtype(dtype):
-        tower = MiniMaxVLVisionModel(
-            config=config,
-            text_hidden_size=TINY_MINIMAX_TEXT_HIDDEN,
-            quant_config=None,
-            prefix="vision_tower",
-        )
-    return _finish(tower, seed)
-
-
-# ---------------------------------------------------------------------------
-# How each family's DP runner hands a rank its share (for warm-up and sweeps).
-
-
-def moonvit_patch_shape(tower) -> Tuple[int, ...]:
-    """Kimi-VL / K2.5 / K3: one patch is an unflattened image tile (C, P, P)."""
-    ph, pw = tower.patch_embed.patch_size
-    return (tower.patch_embed.proj.in_channels, ph, pw)
-
-
-def minimax_patch_shape(tower) -> Tuple[int, ...]:
-    """MiniMax-VL: flattened rows of C * T * P * P values."""
-    emb = tower.vision_model.embeddings
-    return (emb.input_num_channels * emb.temporal_patch_size * emb.patch_size**2,)
-
-
-# family -> (builder, rope_type, pass_grid_thw_list, patch_shape, grid kind)
-FAMILIES: Dict[str, Tuple[Callable[..., Any], str, bool, Callable, str]] = {
-    "kimi_vl": (build_tiny_kimi_vl_tower, "rope_2d", False, moonvit_patch_shape, "hw"),
-    "kimi_k25": (
-        build_tiny_kimi_k25_tower,
-        "rope_2d_packed",
-        False,
-        moonvit_patch_shape,
-        "thw",
-    ),
-    "kimi_k3": (build_tiny_kimi_k3_tower, "rope_2d", True, moonvit_patch_shape, "thw"),
-    "minimax_vl": (
-        build_tiny_minimax_vl_tower,
-        "rope_3d",
-        False,
-        minimax_patch_shape,
-        "thw",
-    ),
-}
-
-
-def as_family_grid(grid: Sequence[int], kind: str) -> List[int]:
-    """A (t, h, w) grid in the family's format: (h, w) for Kimi-VL (t must be 1)."""
-    grid = [int(d) for d in grid]
-    if kind == "hw":
-        if len(grid) == 3:
-            assert grid[0] == 1, grid
-            grid = grid[1:]
-        return grid
-    return grid if len(grid) == 3 else [1, *grid]
-
-
-def run_rank_share(tower, call, *, family: str, seed: int = 0):
-    """One tower call on dummy pixels, as the DP runner calls a rank's share."""
-    from sglang.srt.multimodal.vision_warmup import (
-        _tower_device_dtype,
-        call_tower_on_rank_share,
-    )
-
-    _, rope_type, pass_list, patch_shape, kind = FAMILIES[family]
-    grids = [as_family_grid(g, kind) for g in call]
-    device, dtype = _tower_device_dtype(tower)
-    n = sum(math.prod(g) for g in grids)
-    gen = torch.Generator().manual_seed(seed)
-    pixels = torch.randn((n, *patch_shape(tower)), generator=gen)
-    pixels = pixels.to(device=device, dtype=dtype)
-    return call_tower_on_rank_share(tower, pixels, grids, rope_type, pass_list)
 
 
 # ---------------------------------------------------------------------------
