@@ -14,7 +14,9 @@ needs a GPU, and keeps the preconditions a real GPU server has:
   it fails like an out-of-memory start; on SIGTERM it marks the memory as
   released ``$STUB_GPU_RELEASE_S`` seconds later, as a driver does;
 * it answers ``/health``, ``/v1/models``, streaming ``/v1/chat/completions``
-  (one chunk per output token, then usage) and ``/metrics``. When the sglang
+  (one chunk per output token, then usage; 400 for an image data URI that
+  holds neither PNG nor JPEG bytes, as a real server's loader fails) and
+  ``/metrics``. When the sglang
   on its ``PYTHONPATH`` has the series applied (``series.py status``),
   ``/metrics`` exports the series' encoder series, each request one call with
   its images dealt over ``--tp-size`` ranks; a pristine tree exports none.
@@ -75,6 +77,20 @@ def _series_on_path():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "series.py"), "status",
                           "--json", "--target", tree], capture_output=True, text=True)
     return bool(json.loads(out.stdout).get("applied"))
+
+
+def _decodable(url: str) -> bool:
+    """A data URI holding PNG or JPEG bytes (what a real server's loader would open)."""
+    import base64
+    import binascii
+
+    if not url.startswith("data:"):
+        return True  # not ours to judge: a real server would fetch it
+    try:
+        raw = base64.b64decode(url.split(",", 1)[1], validate=False)
+    except (IndexError, binascii.Error):
+        return False
+    return raw.startswith(b"\x89PNG\r\n\x1a\n") or raw.startswith(b"\xff\xd8\xff")
 
 
 def main():
@@ -149,6 +165,11 @@ def main():
             content = body["messages"][0]["content"]
             k = sum(1 for c in content if isinstance(c, dict) and c.get("type") == "image_url") \
                 if isinstance(content, list) else 0
+            if k and not all(_decodable(c["image_url"]["url"]) for c in content
+                             if isinstance(c, dict) and c.get("type") == "image_url"):
+                # as a real server does when its image loader fails
+                self._send(400, json.dumps({"error": "stub: cannot decode the image"}))
+                return
             if k and series:
                 with lock:
                     calls.labels(path="batched").inc()

@@ -1,0 +1,55 @@
+"""``ab_image_burst.py --mixed`` on the GPU path (the prepared MI355X/H100 commands), dry-run on the CPU.
+
+The same GPU box as ``test_ab_dry_run.py`` (stub ``launch_server``, fake
+``nvidia-smi``, pinned-revision download into a private cache, the real
+pristine and series trees): two alternating runs of mixed bursts, each with a
+bad image the server refuses.
+"""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+
+import json  # noqa: E402
+
+import ab_image_burst as AB  # noqa: E402
+from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
+from test_ab_dry_run import REPO_ID, SHA, gpu_box  # noqa: E402,F401  (the fixture)
+
+
+def test_mixed_ab_on_the_gpu_path(gpu_box, capsys):  # noqa: F811
+    argv = [
+        "--runs", "2", "--mixed", "--mixed-bursts", "3", "--mixed-warmup-bursts", "1",
+        "--mixed-burst-size", "4", "--mixed-repeats", "1", "--mixed-bad", "1",
+        "--mixed-min-size", "32x32", "--mixed-max-size", "96x128", "--mixed-output-len", "3",
+        "--a-python", gpu_box["python"], "--a-target", pristine_tree(), "--a-label", "base",
+        "--b-python", gpu_box["python"], "--b-target", series_tree(), "--b-label", "series",
+        "--model-path", REPO_ID, "--out-dir", str(gpu_box["out"]),
+        "--ready-timeout", "60", "--gpu-release-timeout", "30",
+        "--", "--revision", SHA, "--tp-size", "2",
+    ]
+    rc = AB.main(argv)
+    assert rc == 0, capsys.readouterr().err
+    ab = json.loads((gpu_box["out"] / "ab.json").read_text())
+    assert ab["complete"] is True
+    assert [(r["run"], r["build"]) for r in ab["runs"]] == [(1, "base"), (1, "series"),
+                                                             (2, "base"), (2, "series")]
+    for r in ab["runs"]:
+        st = r["mixed"]["stats"]
+        # every good request served, every bad one refused by the server
+        assert (st["bursts_served"], st["completed"], st["failed"]) == (3, 12, 0)
+        assert (st["bad_requests"], st["bad_accepted"]) == (3, 0)
+        assert st["bursts_per_min"] > 0 and st["p99_ttft_ms"] >= st["p50_ttft_ms"]
+        assert r["mixed"]["warmup"]["stats"]["bursts_served"] == 1
+        assert len(r["loadavg"]) == 2
+        kinds = [q["kind"] for q in r["mixed"]["requests"]]
+        assert kinds.count("repeat") == 3 and kinds.count("bad") == 3
+    # the series' /metrics count only the good requests' images (4 per burst)
+    base, series = ab["runs"][0]["mixed"]["stats"], ab["runs"][1]["mixed"]["stats"]
+    assert base["encoder"] is None
+    assert series["encoder"]["images"] == 12
+    rows = {r["build"]: r for r in ab["mixed_rows"]}
+    assert rows["base"]["runs"] == rows["series"]["runs"] == 2
+    md = (gpu_box["out"] / "ab.md").read_text()
+    assert md.startswith("## Mixed-traffic A/B")
+    assert "| base |" in md and "| series |" in md and "3/3; 3/3" in md
