@@ -42,6 +42,12 @@ record (``TORCH_LOGS=recompiles``) or one ``torchdynamo start tracing``
 record (``TORCH_LOGS=dynamo``, which also shows first compiles), counted
 once per process and dynamo compile id.
 
+``--mixed`` (issue 13): closed-loop bursts of mixed image sizes (from the
+processor's 32x32 floor up), repeats of the previous burst's images and an
+undecodable image, sent with bench_serving's chat-completions request function
+(see ``mixed_plan`` and docs/benchmarks.md, "Mixed traffic"); reports bursts
+per minute, requests/s and TTFT mean/P99.
+
 Example (a server on :30000)::
 
     python scripts/bench_image_burst.py --base-url http://127.0.0.1:30000 \\
