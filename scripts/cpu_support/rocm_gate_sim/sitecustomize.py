@@ -11,8 +11,12 @@ show the ROCm decision on the CPU server, this hook patches sglang's modules
 right after they are imported (a post-import hook on ``sys.meta_path``):
 
 * series build (``mm_schedule._batch_vit_across_requests`` exists): that
-  gate, and ``mm_utils.hip_dp_encoder_batches_vit`` (which the vision warm-up
-  reads), are evaluated under ``override_platform(is_hip=True)``;
+  gate, and ``mm_utils.hip_dp_encoder_batches_vit``, are evaluated under
+  ``override_platform(is_hip=True)``. The vision warm-up reads
+  ``vit_batching.vit_batching_decision`` directly and is not wrapped: on the
+  CPU it says "batches", and whenever the DP encoder spreads the model's
+  images (the only case in which the warm-up looks at it) ROCm's gate says
+  the same, so the warm-up decides as on ROCm;
 * pristine build (no such attribute): the module global ``_is_hip`` that its
   inline ``if _is_hip or _is_npu or _is_xpu:`` reads is set to True, which
   forces the old per-request path.
