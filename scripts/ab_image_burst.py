@@ -485,18 +485,27 @@ def _env_of(srv: ServerProcess) -> Dict[str, str]:
     return {k: srv.env[k] for k in keys if k in srv.env}
 
 
+def _builds_and_flags(builds: List[dict], first: dict) -> List[str]:
+    """Report lines: each build (version, series, interpreter, tree) and the server flags."""
+    lines = [f"- {b['label']}: sglang {b['version']}, series {b['series_hash']} "
+             f"({b['python']}" + (f", PYTHONPATH={b['target']})" if b["target"] else ")")
+             for b in builds]
+    return lines + [f"- server flags: `{shlex.join(first['server_flags'])}`"]
+
+
+def _server_env(first: dict) -> List[str]:
+    """Report line: the server environment the harness set (PYTHONPATH aside)."""
+    env = {k: v for k, v in first["server_env"].items() if k != "PYTHONPATH"}
+    return ["- server env: " + ", ".join(f"`{k}={v}`" for k, v in env.items())] if env else []
+
+
 def mixed_ab_report(ab: dict, builds: List[dict], command: str) -> str:
     first = ab["runs"][0]
     m = first["mixed"]
     cfg, plan = m["config"], m["plan"]
     lines = ["## Mixed-traffic A/B", "", f"- command: `{command}`"]
-    for b in builds:
-        lines.append(f"- {b['label']}: sglang {b['version']}, series {b['series_hash']} "
-                     f"({b['python']}" + (f", PYTHONPATH={b['target']})" if b["target"] else ")"))
-    lines.append(f"- server flags: `{shlex.join(first['server_flags'])}`")
-    env = {k: v for k, v in first["server_env"].items() if k != "PYTHONPATH"}
-    if env:
-        lines.append("- server env: " + ", ".join(f"`{k}={v}`" for k, v in env.items()))
+    lines.extend(_builds_and_flags(builds, first))
+    lines.extend(_server_env(first))
     w = m.get("warmup")
     lines.append(
         f"- per run: fresh server; "
@@ -522,19 +531,14 @@ def report(ab: dict, builds: List[dict], command: str) -> str:
     first = ab["runs"][0]
     lines = ["## Image-burst A/B", ""]
     lines.append(f"- command: `{command}`")
-    for b in builds:
-        lines.append(f"- {b['label']}: sglang {b['version']}, series {b['series_hash']} "
-                     f"({b['python']}" + (f", PYTHONPATH={b['target']})" if b["target"] else ")"))
-    lines.append(f"- server flags: `{shlex.join(first['server_flags'])}`")
+    lines.extend(_builds_and_flags(builds, first))
     pf = ab.get("prefetch")
     if pf:
         lines.append(f"- model files: {pf['local_dir']} ("
                      + (f"{pf['model']} at revision {pf['revision'] or 'main'}, fetched untimed "
                         f"before the first launch in {pf['seconds']:.1f} s)" if pf["fetched"]
                         else "a local folder)"))
-    env = {k: v for k, v in first["server_env"].items() if k != "PYTHONPATH"}
-    if env:
-        lines.append("- server env: " + ", ".join(f"`{k}={v}`" for k, v in env.items()))
+    lines.extend(_server_env(first))
     w = ab.get("warmup_text_config")
     lines.append(
         f"- per run: fresh server; "

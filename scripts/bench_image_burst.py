@@ -1149,16 +1149,7 @@ def main(argv=None) -> int:
     except BenchError as e:
         print(f"bench_image_burst: {e}", file=sys.stderr)
         return 2
-    target = args.sglang_target or sglang_dir()
-    meta = {
-        "command": shlex.join([os.path.relpath(sys.argv[0]) if sys.argv else "bench_image_burst.py",
-                               *(argv if argv is not None else sys.argv[1:])]),
-        "sglang_version": sglang_version(python_path=[args.sglang_target] if args.sglang_target else ()),
-        "series_hash": args.series_hash or series_hash(target),
-        "server_flags": args.server_flags,
-        "model_dir": model_dir,
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-    }
+    meta = _run_meta(args, argv, model_dir)
     report = markdown_report(result, meta)
     with open(args.out_json, "w") as f:
         json.dump({"meta": meta, **result}, f, indent=1)
@@ -1169,10 +1160,10 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-def _main_mixed(args, argv, model_dir: str) -> int:
-    result = run_mixed(args, args.base_url, model_dir)
+def _run_meta(args, argv, model_dir: str) -> dict:
+    """What a report says about its run: command, build, server flags, model, date."""
     target = args.sglang_target or sglang_dir()
-    meta = {
+    return {
         "command": shlex.join([os.path.relpath(sys.argv[0]) if sys.argv else "bench_image_burst.py",
                                *(argv if argv is not None else sys.argv[1:])]),
         "sglang_version": sglang_version(python_path=[args.sglang_target] if args.sglang_target else ()),
@@ -1180,8 +1171,12 @@ def _main_mixed(args, argv, model_dir: str) -> int:
         "server_flags": args.server_flags,
         "model_dir": model_dir,
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        "loadavg": os.getloadavg(),
     }
+
+
+def _main_mixed(args, argv, model_dir: str) -> int:
+    result = run_mixed(args, args.base_url, model_dir)
+    meta = dict(_run_meta(args, argv, model_dir), loadavg=os.getloadavg())
     report = mixed_report([("mixed", result)], meta)
     with open(args.out_json, "w") as f:
         json.dump({"meta": meta, "mixed": result}, f, indent=1)
