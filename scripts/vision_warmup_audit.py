@@ -184,25 +184,14 @@ def _cache_entries(fn) -> int:
     return len(_debug_get_cache_entry_list(code))
 
 
-def _tower_device_dtype(tower):
-    """Where and in what dtype the tower takes pixels: its ``device`` /
-    ``dtype`` properties when it has them, else its first parameter's."""
-    import torch
-
-    device, dtype = getattr(tower, "device", None), getattr(tower, "dtype", None)
-    if isinstance(device, torch.device) and isinstance(dtype, torch.dtype):
-        return device, dtype
-    param = next(tower.parameters())
-    return param.device, param.dtype
-
-
 def _case(rank, world_size, init_method, family_name, variant_index, mode):
     """One case, in a fresh process: build, warm up per ``mode``, sweep."""
     import torch
-    from torch._dynamo.utils import counters
 
     from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.mm_harness import frames_compiled as frames
     from sglang.srt.multimodal.vision_warmup import (
+        _tower_device_dtype,
         call_tower_on_rank_share,
         vision_warm_up_plan,
         warm_up_vision_tower,
@@ -228,9 +217,6 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
     shipped = [[tuple(g) for g in call] for call in plan.calls]
     calls = {"shipped": shipped, "first": shipped[:1], "none": []}[mode]
     fns = {path.split(":")[1]: _resolve(path) for path in family.compiled}
-
-    def frames() -> int:
-        return int(counters["frames"]["ok"])
 
     result.update(
         plan=dict(

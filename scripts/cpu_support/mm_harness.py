@@ -199,16 +199,22 @@ def fresh_embedding_cache(max_bytes: int = 1 << 30) -> None:
 
 @dataclass
 class TowerCalls:
-    """Records each real forward call of a vision tower: the grids it got."""
+    """Records each real forward call of a vision tower: the grids it got
+    (``grid_thw``, ``grid_hw`` for 2-D rope towers, else the second positional
+    argument) and the names of its keyword arguments."""
 
-    calls: List[List[Tuple[int, int, int]]] = field(default_factory=list)
+    calls: List[List[Tuple[int, ...]]] = field(default_factory=list)
+    kwargs: List[Tuple[str, ...]] = field(default_factory=list)
     _handle: object = None
 
     def attach(self, tower: torch.nn.Module) -> "TowerCalls":
         def hook(module, args, kwargs):
-            grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
+            grid = kwargs.get("grid_thw", kwargs.get("grid_hw"))
+            if grid is None and len(args) > 1:
+                grid = args[1]
             rows = grid.tolist() if isinstance(grid, torch.Tensor) else list(grid)
             self.calls.append([tuple(int(v) for v in row) for row in rows])
+            self.kwargs.append(tuple(sorted(kwargs)))
 
         self._handle = tower.register_forward_pre_hook(hook, with_kwargs=True)
         return self
@@ -230,6 +236,7 @@ class TowerCalls:
 
     def reset(self) -> None:
         self.calls.clear()
+        self.kwargs.clear()
 
 
 def reference_rows(model, requests: List[Request]) -> torch.Tensor:

@@ -27,7 +27,7 @@ from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support import tiny_vl_family as F  # noqa: E402
 from cpu_support.mm_harness import PLATFORMS, ROCM, TowerCalls  # noqa: E402
 from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
-from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP  # noqa: E402
+from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP, _cache_entries  # noqa: E402
 
 # (platform, DP encoder) at attention-TP 2. The warm-up condition: the DP
 # encoder spreads images and the platform batches across requests (CUDA
@@ -51,13 +51,6 @@ assert sum(math.prod(g) for g in CEILING_CALL) == 8000 * 4
 # ---------------------------------------------------------------------------
 # Two gloo ranks: attention-TP 2, DP encoder on
 # ---------------------------------------------------------------------------
-
-
-def _cache_entries(fn) -> int:
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    code = getattr(fn, "_torchdynamo_orig_callable", fn).__code__
-    return len(_debug_get_cache_entry_list(code))
 
 
 def _sweep(tower, calls):

@@ -37,6 +37,7 @@ register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
 
 from cpu_support.mm_harness import (  # noqa: E402
     PLATFORMS,
+    TowerCalls,
     frames_compiled,
     post_load_hook,
     warm_up_log,
@@ -110,29 +111,6 @@ def _family_grid(name, grid):
     return list(grid)
 
 
-class _TowerCalls:
-    """Each real forward call of a tower: its grids and keyword names.
-
-    The grids are the call's ``grid_hw`` (rope_2d) or second positional
-    argument (rope_3d, rope_2d_packed)."""
-
-    def __init__(self, tower):
-        self.calls = []
-        self.kwargs = []
-        self._handle = tower.register_forward_pre_hook(self._hook, with_kwargs=True)
-
-    def _hook(self, module, args, kwargs):
-        grid = kwargs["grid_hw"] if "grid_hw" in kwargs else args[1]
-        self.calls.append([tuple(int(v) for v in row) for row in grid.tolist()])
-        self.kwargs.append(tuple(sorted(kwargs)))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._handle.remove()
-
-
 def _hook_calls(model, platform, dp_encoder, encoder_only=False):
     """Tower calls (grids, keyword names) made before the hook returned, and
     the warm-up log lines."""
@@ -142,7 +120,7 @@ def _hook_calls(model, platform, dp_encoder, encoder_only=False):
         **PLATFORMS[platform]
     ), get_mm().override(mm_enable_dp_encoder=dp_encoder), get_disagg().override(
         encoder_only=encoder_only
-    ), _TowerCalls(model.vision_tower) as seen:
+    ), TowerCalls().attach(model.vision_tower) as seen:
         post_load_hook(model)
     return seen.calls, seen.kwargs, handler.lines
 
@@ -177,7 +155,7 @@ def _compile_audit(name, model):
     audit = {"before": frames_compiled()}
     with override_platform(**PLATFORMS["ROCm"]), get_mm().override(
         mm_enable_dp_encoder=True
-    ), _TowerCalls(model.vision_tower) as seen:
+    ), TowerCalls().attach(model.vision_tower) as seen:
         start = time.perf_counter()
         post_load_hook(model)
         audit["hook_s"] = time.perf_counter() - start
