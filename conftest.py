@@ -20,3 +20,52 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from cpu_support.standins import prepare_cpu_process  # noqa: E402
 
 prepare_cpu_process()
+
+
+# ---------------------------------------------------------------------------
+# Outcome report for scripts/run_tests_on_pristine.py (off unless it asks).
+# With FORK_TEST_REPORT=<file>, every test's outcome, its `control` reason (if
+# marked) and the sglang this process imported are written there as JSON.
+# ---------------------------------------------------------------------------
+
+REPORT_ENV = "FORK_TEST_REPORT"
+_controls: dict = {}
+_outcomes: dict = {}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    for item in items:
+        marker = item.get_closest_marker("control")
+        if marker is not None:
+            _controls[item.nodeid] = marker.kwargs.get("reason") or (
+                marker.args[0] if marker.args else ""
+            )
+
+
+def pytest_runtest_logreport(report):
+    if not os.environ.get(REPORT_ENV):
+        return
+    seen = _outcomes.setdefault(report.nodeid, {})
+    if report.failed:
+        seen["outcome"] = "failed" if report.when == "call" else "error"
+    elif report.skipped and "outcome" not in seen:
+        seen["outcome"] = "skipped"
+    elif report.when == "call" and report.passed and "outcome" not in seen:
+        seen["outcome"] = "passed"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get(REPORT_ENV)
+    if not path:
+        return
+    import json
+
+    import sglang
+
+    tests = {
+        nodeid: {"outcome": seen.get("outcome", "error"), "control": _controls.get(nodeid)}
+        for nodeid, seen in _outcomes.items()
+    }
+    with open(path, "w") as f:
+        json.dump({"sglang_file": sglang.__file__, "exitstatus": int(exitstatus),
+                   "tests": tests}, f, indent=1)

@@ -35,6 +35,9 @@ from typing import Dict, List, Optional, Sequence
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROCM_GATE_SIM_DIR = os.path.join(HERE, "rocm_gate_sim")
 ROCM_GATE_SIM_ENV = "FORK_DEMO_SIMULATE_ROCM_GATE"
+# A tree holding sglang that every server imports, ahead of ``python_path``
+# (scripts/run_tests_on_pristine.py sets it to the pristine tree).
+SGLANG_TREE_ENV = "FORK_SGLANG_TREE"
 VIT_PROFILE_DIR = os.path.join(HERE, "vit_profile")
 VIT_PROFILE_ENV = "FORK_VIT_PROFILE_DIR"
 # A path that never exists: SGLang then treats NCCL as absent (see docs/cpu.md).
@@ -165,6 +168,8 @@ def server_env(
     if torch_logs:
         env["TORCH_LOGS"] = torch_logs
     paths = list(python_path)
+    if env.get(SGLANG_TREE_ENV):
+        paths.insert(0, env[SGLANG_TREE_ENV])
     if simulate_rocm_gate:
         env[ROCM_GATE_SIM_ENV] = "1"
         paths.insert(0, ROCM_GATE_SIM_DIR)

@@ -35,6 +35,8 @@ PLATFORMS = {
     "NPU": dict(is_hip=False, is_cuda=False, is_npu=True, is_xpu=False),
     "XPU": dict(is_hip=False, is_cuda=False, is_npu=False, is_xpu=True),
     "ROCm": dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False),
+    # None of the four: a platform that batched before the series (this CPU).
+    "CPU": dict(is_hip=False, is_cuda=False, is_npu=False, is_xpu=False),
 }
 ROCM = PLATFORMS["ROCm"]
 CUDA = PLATFORMS["CUDA"]
@@ -255,3 +257,85 @@ def reference_rows(model, requests: List[Request]) -> torch.Tensor:
                     rows.append(emb[base + lo - s : base + hi - s])
                 base += e - s + 1
     return torch.cat(rows) if rows else None
+
+
+# ---------------------------------------------------------------------------
+# The two decisions, tabulated in one process (no TP groups built)
+# ---------------------------------------------------------------------------
+
+# How the model behind the encoder was built, for each kind of model:
+# "dp" reads the flag (use_data_parallel = the flag), "not-dp" is built
+# replicated but not split (False), "ignores-flag" has no such attribute.
+ENCODER_KINDS = ("dp", "not-dp", "ignores-flag")
+DECISION_PLATFORMS = ("ROCm", "CUDA", "NPU", "XPU", "CPU")
+
+
+class DecisionModel:
+    """The two facts the decisions read from a loaded model: its class (for
+    the warm-up plan; this one has none) and the DP-encoder choice it made
+    when it was built (``use_data_parallel``, absent when it never reads the
+    flag). Its encoder must never run."""
+
+    def __init__(self, use_data_parallel=None):
+        if use_data_parallel is not None:
+            self.use_data_parallel = use_data_parallel
+
+    def get_image_feature(self, items):
+        raise AssertionError("a decision must not encode")
+
+
+def decision_rows():
+    import itertools
+
+    return list(itertools.product(DECISION_PLATFORMS, (False, True), (1, 2), ENCODER_KINDS))
+
+
+def decision_tables(rank, world_size, init_method):
+    """Run on one spawned process (``run_on_ranks(decision_tables, 1)``): each
+    attention-TP width is published as a server of that width would publish
+    it (the process builds no TP groups, so the runtime context accepts it).
+
+    Returns ``{"gate": {row: (decision, reason, helper, INFO lines)},
+    "warm_up": {row + (encoder_only,): (warm, reason)},
+    "warm_up_guards": {name: (warm, reason)}}`` for every row of
+    ``decision_rows()`` (platform, flag, attention-TP, encoder kind).
+    """
+    from cpu_support import tiny_qwen3_vl as T
+    from sglang.srt.managers import mm_schedule
+    from sglang.srt.multimodal import vit_batching, vision_warmup
+    from sglang.srt.multimodal.mm_utils import hip_dp_encoder_batches_vit
+    from sglang.srt.runtime_context import get_disagg, get_mm, get_parallel, override_platform
+
+    model_dir = T.write_config_dir()
+    records = capture_log(vit_batching.logger.name).lines
+    tables = {"gate": {}, "warm_up": {}, "warm_up_guards": {}}
+    for row in decision_rows():
+        platform, flag, attn_tp, kind = row
+        T.publish_cpu_context(tp_size=attn_tp, dp_encoder=flag, model_path=model_dir)
+        model = DecisionModel({"dp": flag, "not-dp": False, "ignores-flag": None}[kind])
+        vit_batching._logged_decisions.clear()  # as if a fresh process
+        with override_platform(**PLATFORMS[platform]), get_mm().override(mm_enable_dp_encoder=flag):
+            first = len(records)
+            decided = vit_batching.vit_batching_decision(model.get_image_feature)
+            # The scheduler's own gate, three times: one INFO line.
+            gates = {mm_schedule._batch_vit_across_requests(model.get_image_feature)
+                     for _ in range(3)}
+            tables["gate"][row] = (decided, gates, hip_dp_encoder_batches_vit(model),
+                                   records[first:])
+            for encoder_only in (False, True):
+                with get_disagg().override(encoder_only=encoder_only):
+                    tables["warm_up"][row + (encoder_only,)] = (
+                        vision_warmup.vision_warm_up_decision(model))
+    # The guards after the condition, where everything else says warm.
+    T.publish_cpu_context(tp_size=2, dp_encoder=True, model_path=model_dir)
+    model = DecisionModel(True)
+    guards = tables["warm_up_guards"]
+    with override_platform(**PLATFORMS["ROCm"]):
+        guards["warm"] = vision_warmup.vision_warm_up_decision(model)
+        with get_disagg().override(language_only=True):
+            guards["language_only"] = vision_warmup.vision_warm_up_decision(model)
+        with get_disagg().override(language_model_only=True):
+            guards["language_model_only"] = vision_warmup.vision_warm_up_decision(model)
+        with get_parallel().override(pp_size=2, pp_rank=1):
+            guards["pp_rank_1"] = vision_warmup.vision_warm_up_decision(model)
+    return tables

@@ -1,14 +1,16 @@
 """The platform gate for cross-request ViT batching, against SGLang's real code.
 
-Everything here runs the real ``mm_schedule._get_chunked_prefill_embedding``
-with SGLang's real Qwen3-VL (tiny sizes, random weights) on CPU. Platform
+The decision itself is one table (every platform x DP-encoder flag x
+attention-TP x encoder row, its reason and its INFO line). Everything else
+runs the real ``mm_schedule._get_chunked_prefill_embedding`` with SGLang's
+real Qwen3-VL (tiny sizes, random weights) on CPU and asserts which path ran:
+the gate's INFO line (its reason) and the encoder calls, with how many images
+each, observed with a forward pre-hook on the real vision tower. Platform
 facts come from ``override_platform``; the attention-TP width and the DP
-encoder flag from the runtime context's own scoped overrides. Encoder calls
-are observed with a forward pre-hook on the real vision tower.
+encoder flag from the runtime context's own scoped overrides.
 """
 
 import contextlib
-import itertools
 import logging
 
 import pytest
@@ -16,58 +18,88 @@ import torch
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=120, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
 from cpu_support import mm_harness as H  # noqa: E402
 from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
 
-# ROCm named HIP here, in this order (the test ids follow it).
-PLATFORMS = {"HIP": H.ROCM, **{name: H.PLATFORMS[name] for name in ("NPU", "XPU", "CUDA")}}
+GATE_LOGGER = "sglang.srt.multimodal.vit_batching"
 
 
-def expected_batched(platform: str, dp_encoder: bool, attn_tp: int, model_dp: bool = True) -> bool:
-    """The rule, as the issues state it (not as the code computes it)."""
+def expected_gate(platform: str, flag: bool, attn_tp: int, kind: str):
+    """The rule, as the issues state it (not as the code computes it):
+    (batched, reason). A "dp" model is built data-parallel exactly when the
+    flag is on."""
     if platform == "CUDA":
-        return True
+        return True, "CUDA"
+    if platform == "CPU":
+        return True, "batching platform"
     if platform in ("NPU", "XPU"):
-        return False
-    return dp_encoder and attn_tp > 1 and model_dp
+        return False, platform
+    if not flag:
+        return False, "ROCm, no DP encoder"
+    if attn_tp <= 1:
+        return False, f"ROCm, attention-TP {attn_tp}"
+    if kind != "dp":
+        return False, "ROCm, vision encoder not data-parallel"
+    return True, f"ROCm, DP encoder, attention-TP {attn_tp}"
 
 
-class _Model:
-    """The two facts the gate reads from a loaded model: its class, and the
-    DP-encoder choice it made when it was built (SGLang's VLMs store it in
-    ``use_data_parallel``; a model that never reads the flag has none)."""
-
-    def __init__(self, use_data_parallel=None):
-        if use_data_parallel is not None:
-            self.use_data_parallel = use_data_parallel
-
-    def get_image_feature(self, items):
-        raise AssertionError("the gate must not encode")
+def gate_line(batched: bool, reason: str) -> str:
+    return f"cross-request ViT batching: {'on' if batched else 'off'} ({reason})"
 
 
-@contextlib.contextmanager
-def setting(platform: str, dp_encoder: bool, attn_tp: int):
-    """Scoped platform + DP-encoder flag; the attention-TP width must already
-    be what the process published (the runtime context validates it against
-    the built TP groups, so it cannot be faked in a TP1 process)."""
-    from sglang.srt.runtime_context import get_mm, get_parallel, override_platform
-
-    assert get_parallel().attn_tp_size == attn_tp
-    with override_platform(**PLATFORMS[platform]), get_mm().override(
-        mm_enable_dp_encoder=dp_encoder
-    ):
-        yield
+# ---------------------------------------------------------------------------
+# The decision: one table
+# ---------------------------------------------------------------------------
 
 
-# In the model's process the TP groups are built at width 1, so the runtime
-# context refuses a wider attention-TP override there: the ROCm + DP encoder +
-# attention-TP 2 case runs on two real gloo ranks below, and the one-process
-# scheduler tests compare CUDA (batched) with ROCm at attention-TP 1.
-BATCHED = ("CUDA", False, 1)
-PER_REQUEST = ("HIP", True, 1)
+def test_gate_decision_table(decision_tables):
+    """vit_batching_decision, the scheduler's gate (asked three times, logged
+    once at INFO with its reason) and mm_utils.hip_dp_encoder_batches_vit."""
+    wrong = []
+    for row in H.decision_rows():
+        decided, gates, helper, lines = decision_tables["gate"][row]
+        batched, reason = expected_gate(*row)
+        got = (decided, gates, helper, lines)
+        want = ((batched, reason), {batched}, row[0] == "ROCm" and batched,
+                [(logging.INFO, gate_line(batched, reason))])
+        if got != want:
+            wrong.append((row, got, want))
+    assert wrong == [], "\n".join(f"{r}: got {g}, expected {w}" for r, g, w in wrong)
+
+
+def test_the_model_fact_is_read_from_the_bound_encoder():
+    """A bound method, a partial of one and the model itself all name the same
+    model; a plain function names none (not known to be data-parallel)."""
+    import functools
+
+    from sglang.srt.multimodal.vit_batching import (
+        encoder_owner,
+        vision_encoder_is_data_parallel,
+    )
+
+    model = H.DecisionModel(True)
+    for encoder in (model.get_image_feature, functools.partial(model.get_image_feature), model):
+        assert encoder_owner(encoder) is model
+        assert vision_encoder_is_data_parallel(encoder) is True
+    assert vision_encoder_is_data_parallel(H.DecisionModel(False).get_image_feature) is False
+    assert vision_encoder_is_data_parallel(H.DecisionModel().get_image_feature) is False
+    assert encoder_owner(lambda items: items) is None
+    assert vision_encoder_is_data_parallel(lambda items: items) is False
+    assert vision_encoder_is_data_parallel(None) is False
+
+
+# ---------------------------------------------------------------------------
+# The real scheduler path (this process: attention-TP 1)
+# ---------------------------------------------------------------------------
+
+# (platform, DP encoder flag) at attention-TP 1 (this process builds TP groups
+# of width 1, so the runtime context refuses a wider override here; the ROCm +
+# DP encoder + attention-TP 2 case runs on two gloo ranks below).
+BATCHED = ("CUDA", False)
+PER_REQUEST = ("ROCm", True)
 
 
 @pytest.fixture(scope="module")
@@ -86,132 +118,79 @@ def tower_calls(model):
     calls.detach()
 
 
-# ---------------------------------------------------------------------------
-# The gate itself: every combination
-# ---------------------------------------------------------------------------
-
-
-def _gate_worker(rank, world_size, init_method):
-    """Every combination, in a process that builds no TP groups, publishing
-    each attention-TP width as a server of that width would."""
+@contextlib.contextmanager
+def setting(platform: str, dp_encoder: bool):
+    """Scoped platform + DP-encoder flag, as a fresh process (the gate's
+    once-per-process log is reset); yields the gate's log lines."""
     from sglang.srt.multimodal import vit_batching
-    from sglang.srt.managers import mm_schedule
-    from sglang.srt.multimodal.mm_utils import hip_dp_encoder_batches_vit
+    from sglang.srt.runtime_context import get_mm, get_parallel, override_platform
 
-    model_dir = T.write_config_dir()
-    seen = {}
-    records = H.capture_log(vit_batching.logger.name).lines
-    for combo in itertools.product(PLATFORMS, (False, True), (1, 2), MODELS):
-        platform, dp_encoder, attn_tp, kind = combo
-        T.publish_cpu_context(tp_size=attn_tp, dp_encoder=dp_encoder, model_path=model_dir)
-        # As the model would be built in this configuration.
-        model = _Model({"dp": dp_encoder, "not-dp": False, "ignores-flag": None}[kind])
-        vit_batching._logged_decisions.clear()  # as if a fresh process
-        with setting(platform, dp_encoder, attn_tp):
-            first = len(records)
-            decisions = [
-                mm_schedule._batch_vit_across_requests(model.get_image_feature)
-                for _ in range(3)
-            ]
-            seen[combo] = (decisions, hip_dp_encoder_batches_vit(model), records[first:])
-    return seen
+    assert get_parallel().attn_tp_size == 1
+    vit_batching._logged_decisions.clear()
+    handler = H.LogRecords()
+    log = logging.getLogger(GATE_LOGGER)
+    previous = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        with override_platform(**H.PLATFORMS[platform]), get_mm().override(
+            mm_enable_dp_encoder=dp_encoder
+        ):
+            yield handler.lines
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(previous)
 
 
-MODELS = ("dp", "not-dp", "ignores-flag")
+def decided(gate) -> list:
+    """The gate's one INFO line in ``gate`` at attention-TP 1."""
+    platform, flag = gate
+    return [(logging.INFO, gate_line(*expected_gate(platform, flag, 1, "dp")))]
 
 
-@pytest.fixture(scope="module")
-def gate_matrix():
-    return run_on_ranks(_gate_worker, 1, timeout=300)[0]
-
-
-@pytest.mark.parametrize(
-    "platform,dp_encoder,attn_tp,kind",
-    list(itertools.product(PLATFORMS, (False, True), (1, 2), MODELS)),
-)
-def test_gate_every_combination(gate_matrix, platform, dp_encoder, attn_tp, kind):
-    decisions, hip_helper, _ = gate_matrix[(platform, dp_encoder, attn_tp, kind)]
-    model_dp = kind == "dp" and dp_encoder
-    assert decisions == [expected_batched(platform, dp_encoder, attn_tp, model_dp)] * 3
-    assert hip_helper is (platform == "HIP" and dp_encoder and attn_tp > 1 and model_dp)
-
-
-@pytest.mark.parametrize(
-    "combo,line",
-    [
-        (("HIP", True, 2, "dp"), "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)"),
-        (("HIP", True, 1, "dp"), "cross-request ViT batching: off (ROCm, attention-TP 1)"),
-        (("HIP", False, 2, "dp"), "cross-request ViT batching: off (ROCm, no DP encoder)"),
-        (("HIP", True, 2, "not-dp"), "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)"),
-        (("HIP", True, 2, "ignores-flag"), "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)"),
-        (("NPU", True, 2, "dp"), "cross-request ViT batching: off (NPU)"),
-        (("XPU", False, 1, "dp"), "cross-request ViT batching: off (XPU)"),
-        (("CUDA", False, 1, "dp"), "cross-request ViT batching: on (CUDA)"),
-        (("CUDA", True, 2, "ignores-flag"), "cross-request ViT batching: on (CUDA)"),
-    ],
-)
-def test_gate_logs_its_decision_once_at_info(gate_matrix, combo, line):
-    _, _, records = gate_matrix[combo]
-    logged = [(lvl, msg) for lvl, msg in records if "cross-request ViT" in msg]
-    assert logged == [(logging.INFO, line)]
-
-
-def test_the_model_fact_is_read_from_the_bound_encoder():
-    """A bound method, a partial of one and the model itself all name the same
-    model; a plain function names none (not known to be data-parallel)."""
-    import functools
-
-    from sglang.srt.multimodal.vit_batching import (
-        encoder_owner,
-        vision_encoder_is_data_parallel,
-    )
-
-    model = _Model(True)
-    for encoder in (model.get_image_feature, functools.partial(model.get_image_feature), model):
-        assert encoder_owner(encoder) is model
-        assert vision_encoder_is_data_parallel(encoder) is True
-    assert vision_encoder_is_data_parallel(_Model(False).get_image_feature) is False
-    assert vision_encoder_is_data_parallel(_Model().get_image_feature) is False
-    assert encoder_owner(lambda items: items) is None
-    assert vision_encoder_is_data_parallel(lambda items: items) is False
-    assert vision_encoder_is_data_parallel(None) is False
-
-
-# ---------------------------------------------------------------------------
-# The real scheduler path
-# ---------------------------------------------------------------------------
+def per_path(gate, requests_images):
+    """Images per encoder call: one call for the step when batching, one per
+    request (with images in its window) otherwise."""
+    counts = [n for n in requests_images if n]
+    if expected_gate(*gate, 1, "dp")[0]:
+        return [sum(counts)] if counts else []
+    return counts
 
 
 def _two_single_image_requests():
     return [H.make_request([(1, 8, 8)], seed=11), H.make_request([(1, 12, 8)], seed=12)]
 
 
-@pytest.mark.parametrize(
-    "gate,expected_calls",
-    [(BATCHED, [2]), (PER_REQUEST, [1, 1]), (("CUDA", False, 1), [2]), (("NPU", True, 1), [1, 1]), (("XPU", True, 1), [1, 1])],
-)
-def test_two_single_image_requests_one_call_only_under_gate(model, tower_calls, gate, expected_calls):
+GATES = [BATCHED, PER_REQUEST, ("NPU", True), ("XPU", True)]
+
+
+@pytest.mark.parametrize("gate", GATES, ids=["CUDA", "ROCm-tp1", "NPU", "XPU"])
+def test_two_single_image_requests_one_call_only_when_batching(model, tower_calls, gate):
     requests = _two_single_image_requests()
     with torch.no_grad():
         reference = H.reference_rows(model, requests)
         tower_calls.reset()
-        with setting(*gate):
+        with setting(*gate) as lines:
             out = H.run_prefill_embedding(model, requests)
-    assert [len(c) for c in tower_calls.calls] == expected_calls
-    assert out.shape == reference.shape
+    assert lines == decided(gate)
+    assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
 
 
-def test_batched_and_per_request_give_the_same_embeddings(model):
-    requests = [H.make_request(g, seed=20 + i) for i, g in enumerate([[(1, 8, 8)], [(1, 8, 12), (1, 4, 8)], [(1, 16, 8)]])]
+def test_batched_and_per_request_give_the_same_embeddings(model, tower_calls):
+    grids = [[(1, 8, 8)], [(1, 8, 12), (1, 4, 8)], [(1, 16, 8)]]
+    requests = [H.make_request(g, seed=20 + i) for i, g in enumerate(grids)]
+    out, calls = {}, {}
     with torch.no_grad():
-        H.fresh_embedding_cache()
-        with setting(*BATCHED):
-            batched = H.run_prefill_embedding(model, requests)
-        H.fresh_embedding_cache()
-        with setting(*PER_REQUEST):
-            per_request = H.run_prefill_embedding(model, requests)
-    torch.testing.assert_close(batched, per_request, rtol=1e-4, atol=1e-5)
+        for gate in (BATCHED, PER_REQUEST):
+            H.fresh_embedding_cache()
+            tower_calls.reset()
+            with setting(*gate) as lines:
+                out[gate] = H.run_prefill_embedding(model, requests)
+            assert lines == decided(gate)
+            calls[gate] = [len(c) for c in tower_calls.calls]
+    assert calls == {BATCHED: [4], PER_REQUEST: [1, 2, 1]}
+    torch.testing.assert_close(out[BATCHED], out[PER_REQUEST], rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------
@@ -224,11 +203,12 @@ BOTH_PATHS = pytest.mark.parametrize("gate", [BATCHED, PER_REQUEST], ids=["batch
 @BOTH_PATHS
 def test_cache_hits_skip_the_encoder(model, tower_calls, gate):
     requests = _two_single_image_requests()
-    with torch.no_grad(), setting(*gate):
+    with torch.no_grad(), setting(*gate) as lines:
         first = H.run_prefill_embedding(model, requests)
-        assert tower_calls.images == 2
+        assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
         tower_calls.reset()
         second = H.run_prefill_embedding(model, requests)
+    assert lines == decided(gate)
     assert tower_calls.calls == []
     assert torch.equal(first, second)
 
@@ -244,9 +224,11 @@ def test_cached_entry_with_wrong_token_count_is_reencoded(model, tower_calls, ga
     with torch.no_grad():
         reference = H.reference_rows(model, requests)
         tower_calls.reset()
-        with setting(*gate):
+        with setting(*gate) as lines:
             out = H.run_prefill_embedding(model, requests)
-    assert tower_calls.images == 2  # the stale entry was not served
+    assert lines == decided(gate)
+    # The stale entry was not served: both images went to the encoder.
+    assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
 
 
@@ -266,14 +248,15 @@ def test_multi_span_items_take_the_full_path(model, tower_calls, gate):
     with torch.no_grad():
         reference = H.reference_rows(model, requests)
         tower_calls.reset()
-        with setting(*gate):
+        with setting(*gate) as lines:
             out = H.run_prefill_embedding(model, requests)
-    assert [(1, 8, 8)] in tower_calls.calls  # the video request's own call
-    assert tower_calls.images == 3
+    assert lines == decided(gate)
     if gate == BATCHED:
+        # The two single-span images in one call, the video in its own.
         assert sorted(tower_calls.calls, key=len) == [[(1, 8, 8)], [(1, 8, 8), (1, 8, 12)]]
     else:
-        assert [len(c) for c in tower_calls.calls] == [1, 1, 1]
+        # One call per request, the video's included.
+        assert sorted(tower_calls.calls) == [[(1, 8, 8)], [(1, 8, 8)], [(1, 8, 12)]]
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
 
 
@@ -286,11 +269,18 @@ def test_colliding_hashes_with_different_lengths_are_not_deduplicated(model, tow
     with torch.no_grad():
         reference = H.reference_rows(model, requests)
         tower_calls.reset()
-        with setting(*gate):
+        with setting(*gate) as lines:
             out = H.run_prefill_embedding(model, requests)
-    assert tower_calls.images == 2
+    assert lines == decided(gate)
+    assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
     assert out.shape[0] == 16 + 24
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
+
+
+def _images_in_window(request):
+    """Images whose placeholder span meets the request's chunk window."""
+    lo, hi = request.prefix, request.prefix + request.extend_len
+    return sum(1 for it in request.items for s, e in it.offsets if s < hi and e >= lo)
 
 
 @BOTH_PATHS
@@ -302,8 +292,12 @@ def test_chunk_windows_that_cut_an_image_return_the_right_rows(model, tower_call
     requests[0].prefix, requests[0].extend = prefix, extend
     with torch.no_grad():
         reference = H.reference_rows(model, requests)
-        with setting(*gate):
+        tower_calls.reset()
+        with setting(*gate) as lines:
             out = H.run_prefill_embedding(model, requests)
+    assert lines == decided(gate)
+    expected = per_path(gate, [_images_in_window(r) for r in requests])
+    assert [len(c) for c in tower_calls.calls] == expected
     assert out.shape == reference.shape
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
 
@@ -313,58 +307,52 @@ def test_chunk_windows_that_cut_an_image_return_the_right_rows(model, tower_call
 # ---------------------------------------------------------------------------
 
 
-def _rank_worker(rank, world_size, init_method, grids_per_request, batched, model_dp=True):
+def _rank_worker(rank, world_size, init_method, grids_per_request):
+    """A server at attention-TP 2 with --mm-enable-dp-encoder (the model is
+    built data-parallel), ROCm. Upstream 0.5.23 on ROCm takes the per-request
+    path whatever the flag: ``_get_chunked_embedding_by_item`` once per
+    request, called here exactly as its ROCm branch calls it. The series' gate
+    is the whole scheduler step."""
     from cpu_support import mm_harness as H
     from cpu_support import tiny_qwen3_vl as T
-    from sglang.srt.runtime_context import get_mm, override_platform
+    from sglang.srt.managers import mm_schedule
+    from sglang.srt.runtime_context import override_platform
 
-    T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=model_dp)
+    T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
     T.init_gloo(rank, world_size, init_method)
     model = T.build_tiny_qwen3_vl(seed=1)
-    H.fresh_embedding_cache()
+    gate_log = H.capture_log(GATE_LOGGER)
     requests = [H.make_request(g, seed=100 + i) for i, g in enumerate(grids_per_request)]
-    rocm = dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False)
-    with torch.no_grad(), override_platform(**rocm):
-        if not model_dp:
-            # A model whose encoder is not data-parallel (here Qwen3-VL built
-            # without the DP encoder: its tower is TP-sharded) served with the
-            # flag on: the flag distributes nothing, so ROCm stays per-request.
-            gate_ctx = get_mm().override(mm_enable_dp_encoder=True)
-        elif batched:
-            gate_ctx = contextlib.nullcontext()
-        else:
-            # Upstream 0.5.23 on ROCm: the gate says per-request while the model
-            # (built with the DP encoder) still shards each call over both ranks.
-            gate_ctx = get_mm().override(mm_enable_dp_encoder=False)
-        with gate_ctx, H.TowerCalls().attach(model.visual) as calls:
-            out = H.run_prefill_embedding(model, requests)
-        alone = H.reference_rows(model, requests)
-    return {"calls": calls.calls, "out": out, "alone": alone}
+    out = {}
+    with torch.no_grad(), override_platform(**H.ROCM):
+        H.fresh_embedding_cache()
+        with H.TowerCalls().attach(model.visual) as calls:
+            rows = []
+            for req in requests:
+                rows += mm_schedule._get_chunked_embedding_by_item(
+                    model.get_image_feature, req.items, req.prefix, req.extend_len,
+                    torch.device("cpu"))
+        out["per_request"] = {"calls": calls.calls, "out": torch.cat(rows)}
+        H.fresh_embedding_cache()
+        first = len(gate_log.lines)
+        with H.TowerCalls().attach(model.visual) as calls:
+            emb = H.run_prefill_embedding(model, requests)
+        out["series"] = {"calls": calls.calls, "out": emb, "gate": gate_log.lines[first:]}
+        out["alone"] = H.reference_rows(model, requests)
+    return out
 
 
 def test_two_ranks_per_request_idles_a_rank_batching_feeds_both():
     grids = [[(1, 8, 8)], [(1, 8, 8)], [(1, 8, 12)], [(1, 8, 8)]]
-    per_request = run_on_ranks(_rank_worker, 2, grids, False, timeout=300)
-    batched = run_on_ranks(_rank_worker, 2, grids, True, timeout=300)
-
-    pr_images = [sum(len(c) for c in r["calls"]) for r in per_request]
-    b_images = [sum(len(c) for c in r["calls"]) for r in batched]
-    assert sorted(pr_images) == [0, 4], pr_images  # one rank does all the work
-    assert min(b_images) >= 1 and sum(b_images) == 4, b_images  # both ranks work
-    assert [len(r["calls"]) for r in batched] == [1, 1]  # one call per rank
-    for r in per_request + batched:
-        torch.testing.assert_close(r["out"], r["alone"], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(per_request[0]["out"], batched[0]["out"], rtol=1e-4, atol=1e-5)
-
-
-def test_two_ranks_rocm_keeps_a_non_data_parallel_encoder_per_request():
-    """ROCm, --mm-enable-dp-encoder, attention-TP 2: two single-image requests
-    of a model whose encoder is not data-parallel take two calls on each rank
-    (every rank runs every call of a TP-sharded tower); a DP model's take one."""
-    grids = [[(1, 8, 8)], [(1, 8, 12)]]
-    not_dp = run_on_ranks(_rank_worker, 2, grids, True, False, timeout=300)
-    dp = run_on_ranks(_rank_worker, 2, grids, True, True, timeout=300)
-    assert [[len(c) for c in r["calls"]] for r in not_dp] == [[1, 1], [1, 1]]
-    assert [len(r["calls"]) for r in dp] == [1, 1]
-    for r in not_dp + dp:
-        torch.testing.assert_close(r["out"], r["alone"], rtol=1e-4, atol=1e-5)
+    ranks = run_on_ranks(_rank_worker, 2, grids, timeout=300)
+    for r in ranks:
+        assert r["series"]["gate"] == [
+            (logging.INFO, "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)")]
+    per_request = [sum(len(c) for c in r["per_request"]["calls"]) for r in ranks]
+    batched = [sum(len(c) for c in r["series"]["calls"]) for r in ranks]
+    assert sorted(per_request) == [0, 4], per_request  # one rank does all the work
+    assert min(batched) >= 1 and sum(batched) == 4, batched  # both ranks work
+    assert [len(r["series"]["calls"]) for r in ranks] == [1, 1]  # one call per rank
+    for r in ranks:
+        for path in ("per_request", "series"):
+            torch.testing.assert_close(r[path]["out"], r["alone"], rtol=1e-4, atol=1e-5)
