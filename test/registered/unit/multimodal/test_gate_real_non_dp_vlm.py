@@ -8,6 +8,10 @@ is spread. The gate must keep it per request on ROCm (two single-image
 requests, two encoder calls), while a data-parallel family (the tiny Qwen3-VL
 built with the flag) gets one call for both; on CUDA the same Gemma3 batches.
 
+The post-load hook's WARNINGs are checked on the same ranks: Gemma3 (the flag
+distributes nothing), InternVL (spread, but no warm-up plan) and a tiny real
+GLM-Image (spread, deliberately not warmed).
+
 Everything goes through the real ``mm_schedule._get_chunked_prefill_embedding``
 with real ``MultimodalDataItem`` / ``MultimodalInputs`` objects, the arguments
 laid out as ``mm_utils.embed_mm_inputs`` lays them out. Encoder calls are
@@ -41,6 +45,43 @@ def qwen3_vl_request(grid, seed):
     item = image_item(grid, seed=seed, offset=H.TEXT_BEFORE)
     length = H.TEXT_BEFORE + tokens_per_image(grid) + H.TEXT_BETWEEN
     return H.from_mm_inputs(MultimodalInputs(mm_items=[item]), length)
+
+
+def tiny_glm_image_config():
+    """SGLang's GLM-Image (models/glm_image_vl.py) at tiny sizes."""
+    from transformers.models.glm_image.configuration_glm_image import GlmImageConfig
+
+    return GlmImageConfig(
+        text_config=dict(
+            vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, vision_vocab_size=256,
+            pad_token_id=0, eos_token_id=1, max_position_embeddings=512,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "mrope_section": [2, 3, 3], "partial_rotary_factor": 0.5},
+        ),
+        vision_config=dict(depth=1, hidden_size=64, num_heads=4, intermediate_size=128,
+                           image_size=64, patch_size=16),
+        vq_config=dict(embed_dim=16, num_embeddings=32, latent_channels=16),
+        image_token_id=300, image_start_token_id=301, image_end_token_id=302,
+        architectures=["GlmImageForConditionalGeneration"],
+    )
+
+
+def _hook_warnings(model, warm_log, tower):
+    """The post-load hook under ROCm (the gate's case at attention-TP 2):
+    its log lines and the tower calls it made."""
+    from sglang.srt.runtime_context import override_platform
+
+    seen = []
+    handle = H.first_dims(tower, seen)
+    first = len(warm_log.lines)
+    try:
+        with override_platform(**H.ROCM):
+            H.post_load_hook(model)
+    finally:
+        handle.remove()
+    return {"lines": warm_log.lines[first:], "tower_calls": seen,
+            "dp": getattr(model, "use_data_parallel", None)}
 
 
 def count_items(calls):
@@ -112,6 +153,21 @@ def _rank_worker(rank, world_size, init_method):
         "out": out,
         "alone": reference,
     }
+
+    # --- Models the DP encoder spreads but the warm-up has no plan for, under
+    # the gate: InternVL (its own tile runner, no plan) and GLM-Image (left
+    # out on purpose: its tower would issue collectives the ranks do not match).
+    from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
+
+    from cpu_support.tiny_vl_family import build_tiny_family_model
+
+    G.publish_dp_encoder_server(G.tiny_internvl_config(), rank, world_size)
+    internvl = G.build_tiny_internvl(seed=4)
+    result["internvl_hook"] = _hook_warnings(internvl, warm_log, internvl.vision_model)
+    config = tiny_glm_image_config()
+    G.publish_dp_encoder_server(config, rank, world_size)
+    glm_image = build_tiny_family_model(config, GlmImageForConditionalGeneration)
+    result["glm_image_hook"] = _hook_warnings(glm_image, warm_log, glm_image.visual)
     return result
 
 
@@ -181,3 +237,35 @@ def test_rocm_dp_qwen3_vl_two_requests_take_one_call_spread_over_both_ranks(rank
         torch.testing.assert_close(r["qwen_rocm"]["out"], r["qwen_rocm"]["alone"], rtol=1e-4, atol=1e-5)
     # One tower call per rank, one image each: both ranks work.
     assert sorted(r["qwen_rocm"]["towers"] for r in ranks) == [[[(1, 8, 8)]], [[(1, 8, 12)]]]
+
+
+AFTER_SKIP = (
+    "; with the DP encoder, ranks other than the one the start-up request "
+    "reaches run the vision tower for the first time inside the first image burst"
+)
+
+
+@pytest.mark.parametrize(
+    "key,model_class,why",
+    [
+        ("internvl_hook", "InternVLChatModel", "no vision warm-up plan for it"),
+        (
+            "glm_image_hook",
+            "GlmImageForConditionalGeneration",
+            "its vision MLP is tensor-parallel while the DP encoder gives each rank "
+            "other images, so a per-rank warm-up would issue collectives that the "
+            "ranks do not match",
+        ),
+    ],
+    ids=["no-plan", "glm-image"],
+)
+def test_post_load_hook_warns_once_when_it_skips_a_spread_encoder(ranks, key, model_class, why):
+    """The warm-up condition holds (ROCm, DP encoder, attention-TP 2, the
+    model built data-parallel) but there is nothing it may run: one WARNING
+    on attention-TP rank 0 saying why, and no tower call on any rank."""
+    expected = f"vision warm-up skipped for {model_class}: {why}{AFTER_SKIP}"
+    for rank, r in enumerate(ranks):
+        hook = r[key]
+        assert hook["dp"] is True
+        assert hook["tower_calls"] == []
+        assert hook["lines"] == ([(logging.WARNING, expected)] if rank == 0 else []), hook["lines"]
