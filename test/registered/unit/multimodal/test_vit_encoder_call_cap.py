@@ -63,11 +63,22 @@ def test_groups_without_cap_and_edge_cases():
     assert encoder_call_groups([64, 64, 64, 64], 64, ranks=2) == [[0, 1], [2, 3]]
 
 
-def test_cli_rejects_a_non_positive_cap():
+def test_cli_parses_a_cap_and_rejects_a_non_positive_one(capsys):
     from sglang.srt.server_args import prepare_server_args
 
-    with pytest.raises(SystemExit):
-        prepare_server_args(["--model-path", "x", "--mm-max-encoder-patches-per-call", "0"])
+    model_dir = T.write_config_dir()
+    args = prepare_server_args(["--model-path", model_dir, "--mm-max-encoder-patches-per-call", "4096"])
+    assert args.mm_max_encoder_patches_per_call == 4096
+    for bad in ("0", "-5"):
+        with pytest.raises(SystemExit) as exit_info:
+            prepare_server_args(["--model-path", model_dir, "--mm-max-encoder-patches-per-call", bad])
+        assert exit_info.value.code == 2
+        # argparse's usage, then one error line naming the option and the value.
+        errors = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
+        assert len(errors) == 1, errors
+        # (argparse shows its own "invalid <type> value" text for a ValueError.)
+        assert "error: argument --mm-max-encoder-patches-per-call: invalid " in errors[0], errors
+        assert errors[0].endswith(f"value: '{bad}'"), errors
 
 
 # ---------------------------------------------------------------------------

@@ -119,9 +119,11 @@ def test_cache_hits_make_no_call_and_no_sample(model):
     H.fresh_embedding_cache()
     with torch.no_grad(), metrics_on(CUDA):
         requests = _burst()
-        H.run_prefill_embedding(model, requests)
+        start = snapshot("batched")
+        H.run_prefill_embedding(model, requests)  # all misses: one call
         before = snapshot("batched")
-        H.run_prefill_embedding(model, requests)
+        H.run_prefill_embedding(model, requests)  # all hits: none
+    assert delta(before, start)["calls"] == 1
     assert delta(snapshot("batched"), before)["calls"] == 0
 
 
@@ -133,6 +135,11 @@ def test_metrics_off_records_nothing(model):
     with torch.no_grad(), override_platform(**CUDA):
         H.run_prefill_embedding(model, _burst())
     assert delta(snapshot("batched"), before)["calls"] == 0
+    # The same burst with --enable-metrics is one sample.
+    H.fresh_embedding_cache()
+    with torch.no_grad(), metrics_on(CUDA):
+        H.run_prefill_embedding(model, _burst())
+    assert delta(snapshot("batched"), before)["calls"] == 1
 
 
 def test_multi_offset_item_goes_through_the_full_path_and_is_counted(model):
