@@ -1,0 +1,410 @@
+"""Never worse than pristine: each addition of the series fails alone (issue 17).
+
+Two real gloo ranks at attention-TP 2 with the DP encoder on run SGLang's real
+tiny Qwen3-VL through the real post-load hook and the real
+``_get_chunked_prefill_embedding``; failures are injected on ONE rank:
+
+* rank 1's vision tower raises ``torch.OutOfMemoryError`` on its first call
+  (the warm-up's): both ranks return from the hook, rank 1 logs one WARNING,
+  and a later cross-request step through the DP runner works on both ranks;
+* rank 1's Prometheus collector cannot be built (a full disk): the DP
+  runner's call completes on both ranks with the same embeddings, and the
+  failure is logged once;
+* the ViT CUDA graph cache (``SGLANG_VIT_ENABLE_CUDA_GRAPH=1``): only the
+  graph capture itself is replaced (there is no CUDA on this machine); the
+  real runner, its bound, the eviction count in ``/metrics`` and what the
+  warm-up leaves are the code under test;
+* an ``--encoder-only`` server warms in the grad mode it encodes in;
+* a draft runner's post-load hook and a model without a vision encoder are
+  silent.
+
+In this process: ``ServerArgs`` rejects a non-positive cap at construction.
+"""
+
+import logging
+import os
+
+import pytest
+import torch
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+from cpu_support import mm_harness as H  # noqa: E402
+from cpu_support import tiny_qwen3_vl as T  # noqa: E402
+from cpu_support.mm_harness import ROCM, TowerCalls  # noqa: E402
+from cpu_support.ranks import run_on_ranks  # noqa: E402
+
+GRAPH_ENV = "SGLANG_VIT_ENABLE_CUDA_GRAPH"
+# Written out from the issue (upstream's later runner keeps 32 graphs).
+GRAPH_BOUND = 32
+DISTINCT_LAYOUTS = 40
+
+
+def _requests(seed):
+    """Two single-image requests of equal size: one cross-request call gives
+    each of the two ranks one image."""
+    return [
+        H.make_request([(1, 8, 8)], seed=seed),
+        H.make_request([(1, 8, 8)], seed=seed + 1),
+    ]
+
+
+def _step(model, requests):
+    """One prefill step under ROCm (the series' gate batches it), observed."""
+    from sglang.srt.runtime_context import override_platform
+
+    H.fresh_embedding_cache()
+    with override_platform(**ROCM), torch.no_grad(), TowerCalls() as seen:
+        seen.attach(model.visual)
+        rows = H.run_prefill_embedding(model, requests)
+    return rows, seen.calls
+
+
+def _reference(model, requests):
+    from sglang.srt.runtime_context import override_platform
+
+    with override_platform(**ROCM), torch.no_grad():
+        return H.reference_rows(model, requests)
+
+
+class _FailFirstCall:
+    """A forward pre-hook that makes the tower's next call raise what a busy
+    GPU raises; later calls run the real forward."""
+
+    def __init__(self, tower):
+        self.failed = 0
+        self.handle = tower.register_forward_pre_hook(self)
+
+    def __call__(self, module, args):
+        if not self.failed:
+            self.failed += 1
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB\nsecond line"
+            )
+
+    def remove(self):
+        self.handle.remove()
+
+
+def _encoder_only_grad_mode(model):
+    """Warm as an --encoder-only server, then encode a grid no warm-up call
+    used the way that server does (under torch.inference_mode())."""
+    from sglang.srt.runtime_context import get_disagg, override_platform
+
+    before = H.frames_compiled()
+    with get_disagg().override(encoder_only=True), override_platform(**ROCM):
+        H.post_load_hook(model)
+        warmed = H.frames_compiled()
+        item = T.image_item((1, 12, 20), seed=99)
+        with torch.inference_mode():
+            model.get_image_feature([item])
+    return {"warm_up_compiles": warmed - before, "after": H.frames_compiled() - warmed}
+
+
+def _warm_up_fault(rank, model):
+    from sglang.srt.runtime_context import get_mm, override_platform
+
+    log = H.capture_log("sglang.srt.multimodal.vision_warmup")
+    log.lines.clear()
+    fault = _FailFirstCall(model.visual) if rank == 1 else None
+    with override_platform(**ROCM), get_mm().override(mm_enable_dp_encoder=True):
+        with TowerCalls() as seen:
+            seen.attach(model.visual)
+            H.post_load_hook(model)
+    if fault is not None:
+        fault.remove()
+    hook = {"calls": seen.calls, "lines": list(log.lines), "injected": bool(fault)}
+    rows, calls = _step(model, _requests(seed=10))
+    return {"hook": hook, "rows": rows, "calls": calls}
+
+
+def _metrics_fault(rank, model):
+    from sglang.srt.observability import vit_batch_metrics as M
+    from sglang.srt.runtime_context import get_observability
+
+    log = H.capture_log("sglang.srt.observability.vit_batch_metrics")
+    log.lines.clear()
+    real_init = M.ViTEncoderCallMetrics.__init__
+
+    def full_disk(self, labels):
+        raise OSError(28, "No space left on device", "/prom/counter_1.db")
+
+    if rank == 1:
+        M.ViTEncoderCallMetrics.__init__ = full_disk
+    M._metrics = None
+    try:
+        with get_observability().override(enable_metrics=True):
+            steps = [_step(model, _requests(seed=s)) for s in (20, 30)]
+    finally:
+        M.ViTEncoderCallMetrics.__init__ = real_init
+    return {
+        "steps": steps,
+        "warnings": [m for level, m in log.lines if level == logging.WARNING],
+        "collector_built": M._metrics is not None,
+    }
+
+
+class _NoCapture:
+    """Stands in for ``torch.cuda.CUDAGraph`` (no CUDA here): replay does
+    nothing."""
+
+    def replay(self):
+        pass
+
+
+def _without_capture(runner_cls):
+    """Replace only the graph capture of ``ViTCudaGraphRunner``."""
+    real = runner_cls._create_graph
+
+    def capture(self, graph_key, **kwargs):
+        self.block_graphs[graph_key] = _NoCapture()
+
+    runner_cls._create_graph = capture
+    return real
+
+
+def _metric_total(name):
+    from prometheus_client import REGISTRY
+
+    return sum(
+        sample.value
+        for family in REGISTRY.collect()
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+def _graph_cache(model):
+    from sglang.srt.multimodal.vit_cuda_graph_runner import ViTCudaGraphRunner
+    from sglang.srt.runtime_context import get_mm, get_observability, override_platform
+
+    out = {}
+    runner = model.visual.graph_runners
+    warm_log = H.capture_log("sglang.srt.multimodal.vision_warmup")
+    cache_log = H.capture_log("sglang.srt.multimodal.vit_graph_cache")
+    warm_log.lines.clear()
+    real = _without_capture(ViTCudaGraphRunner)
+    os.environ[GRAPH_ENV] = "1"
+    try:
+        with override_platform(**ROCM), get_mm().override(mm_enable_dp_encoder=True):
+            with TowerCalls() as seen:
+                seen.attach(model.visual)
+                H.post_load_hook(model)
+        out["warm_calls"] = len(seen.calls)
+        out["left_by_warm_up"] = len(runner.block_graphs)
+        out["warm_lines"] = [m for _, m in warm_log.lines]
+
+        width = model.visual.patch_embed.proj.weight[0].numel()
+        with get_observability().override(enable_metrics=True), torch.no_grad():
+            evicted0 = _metric_total("sglang:mm_vit_cuda_graph_evictions_total")
+            captured0 = _metric_total("sglang:mm_vit_cuda_graph_captures_total")
+            grids = [(1, 2, 2 * (k + 1)) for k in range(DISTINCT_LAYOUTS)]
+            for grid in grids:
+                n = grid[0] * grid[1] * grid[2]
+                model.visual(torch.randn(n, width), torch.tensor([grid]))
+            out["after_stream"] = len(runner.block_graphs)
+            out["state_keys_equal"] = all(
+                set(getattr(runner, name)) == set(runner.block_graphs)
+                for name in ("block_input", "block_ws", "block_output", "cu_full_len")
+            )
+            # The newest layout replays; the oldest was evicted and is captured again.
+            for grid in (grids[-1], grids[0]):
+                n = grid[0] * grid[1] * grid[2]
+                model.visual(torch.randn(n, width), torch.tensor([grid]))
+            out["evicted"] = (
+                _metric_total("sglang:mm_vit_cuda_graph_evictions_total") - evicted0
+            )
+            out["captured"] = (
+                _metric_total("sglang:mm_vit_cuda_graph_captures_total") - captured0
+            )
+        out["cache_lines"] = [m for _, m in cache_log.lines]
+    finally:
+        os.environ.pop(GRAPH_ENV, None)
+        ViTCudaGraphRunner._create_graph = real
+    return out
+
+
+def _tiny_text_model():
+    """SGLang's real Qwen3 language model (no vision encoder), tiny."""
+    from transformers import Qwen3Config
+
+    from sglang.srt.models.qwen3 import Qwen3ForCausalLM
+
+    text = dict(T.TINY_TEXT)
+    config = Qwen3Config(
+        **{k: v for k, v in text.items() if k not in ("rope_scaling",)}
+    )
+    config.architectures = ["Qwen3ForCausalLM"]
+    with T.default_dtype(torch.float32):
+        return Qwen3ForCausalLM(config).eval()
+
+
+def _silent_hooks(model):
+    from sglang.srt.model_executor.model_runner_components.load_model_utils import (
+        maybe_precompile_model_kernels_after_loading,
+    )
+    from sglang.srt.runtime_context import get_mm, override_platform
+
+    log = H.capture_log("sglang.srt.multimodal.vision_warmup")
+    out = {}
+    with override_platform(**ROCM), get_mm().override(mm_enable_dp_encoder=True):
+        log.lines.clear()
+        with TowerCalls() as seen:
+            seen.attach(model.visual)
+            maybe_precompile_model_kernels_after_loading(
+                model, "cpu", is_draft_worker=True
+            )
+        out["draft"] = (seen.calls, list(log.lines))
+        log.lines.clear()
+        H.post_load_hook(_tiny_text_model())
+        out["text_model"] = list(log.lines)
+    return out
+
+
+def _rank_worker(rank, world_size, init_method):
+    T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
+    T.init_gloo(rank, world_size, init_method)
+    torch.manual_seed(0)
+    model = T.build_tiny_qwen3_vl()
+    out = {}
+    # First, in a process that has compiled nothing under inference mode yet.
+    out["encoder_only"] = _encoder_only_grad_mode(model)
+    out["warm_up_fault"] = _warm_up_fault(rank, model)
+    out["reference"] = _reference(model, _requests(seed=10))
+    out["metrics_fault"] = _metrics_fault(rank, model)
+    out["metrics_reference"] = [_reference(model, _requests(seed=s)) for s in (20, 30)]
+    out["graph"] = _graph_cache(model)
+    out["silent"] = _silent_hooks(model)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_on_ranks(_rank_worker, 2, timeout=480)
+
+
+# --- warm-up faults stay on their rank --------------------------------------
+
+
+def test_both_ranks_return_from_the_hook_and_only_rank_1_warns(ranks):
+    for rank, out in enumerate(ranks):
+        hook = out["warm_up_fault"]["hook"]
+        warnings = [m for level, m in hook["lines"] if level == logging.WARNING]
+        if rank == 0:
+            assert warnings == []
+            assert len(hook["calls"]) == 3  # the Qwen3-VL plan ran whole
+        else:
+            assert len(warnings) == 1, hook["lines"]
+            (line,) = warnings
+            assert line.startswith(
+                "vision warm-up failed on rank 1 (Qwen3VLForConditionalGeneration, "
+                "call [[1,32,32]]): OutOfMemoryError: CUDA out of memory. Tried to "
+                "allocate 2.00 GiB;"
+            ), line
+            assert "second line" not in line
+            assert hook["calls"] == []  # the first call failed; no later call ran
+
+
+def test_a_later_cross_request_step_works_on_both_ranks(ranks):
+    for rank, out in enumerate(ranks):
+        fault = out["warm_up_fault"]
+        # One cross-request call; the DP runner gives each rank one image.
+        assert fault["calls"] == [[(1, 8, 8)]], (rank, fault["calls"])
+        assert torch.allclose(fault["rows"], out["reference"], atol=1e-5)
+    assert torch.equal(ranks[0]["warm_up_fault"]["rows"], ranks[1]["warm_up_fault"]["rows"])
+
+
+# --- metrics cannot raise inside the DP runner's collective region ------------
+
+
+def test_metrics_failure_on_one_rank_leaves_the_encoder_call_whole(ranks):
+    for rank, out in enumerate(ranks):
+        fault = out["metrics_fault"]
+        for (rows, calls), reference in zip(fault["steps"], out["metrics_reference"]):
+            assert calls == [[(1, 8, 8)]]
+            assert torch.allclose(rows, reference, atol=1e-5)
+    for (rows0, _), (rows1, _) in zip(
+        ranks[0]["metrics_fault"]["steps"], ranks[1]["metrics_fault"]["steps"]
+    ):
+        assert torch.equal(rows0, rows1)
+
+
+def test_metrics_failure_is_logged_once(ranks):
+    assert ranks[0]["metrics_fault"]["warnings"] == []
+    assert ranks[0]["metrics_fault"]["collector_built"]
+    warnings = ranks[1]["metrics_fault"]["warnings"]
+    # Two steps, one recording each on rank 1: one WARNING.
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(
+        "ViT encoder metrics: record_dp_encoder_rank_images failed, the encoder "
+        "call goes on: OSError"
+    ), warnings[0]
+    assert not ranks[1]["metrics_fault"]["collector_built"]
+
+
+# --- the ViT CUDA graph cache is bounded ----------------------------------------
+
+
+def test_warm_up_leaves_no_graph(ranks):
+    for rank, out in enumerate(ranks):
+        graph = out["graph"]
+        assert graph["warm_calls"] == 3
+        assert graph["left_by_warm_up"] == 0
+        assert "vision warm-up: freed 3 ViT CUDA graph(s)" in graph["warm_lines"]
+
+
+def test_graph_cache_bound_holds_over_distinct_layouts(ranks):
+    for out in ranks:
+        graph = out["graph"]
+        assert graph["after_stream"] == GRAPH_BOUND
+        assert graph["state_keys_equal"]
+        # 40 layouts, then the newest again (a replay) and the oldest again
+        # (evicted, so captured anew, evicting one more).
+        assert graph["captured"] == DISTINCT_LAYOUTS + 1
+        assert graph["evicted"] == DISTINCT_LAYOUTS - GRAPH_BOUND + 1
+        assert graph["cache_lines"].count(
+            "ViT CUDA graph cache full: keeping the 32 most recently used sequence "
+            "layouts per vision tower, evicting the rest"
+        ) == 1
+
+
+# --- the encoder-only server warms in its serving grad mode -----------------------
+
+
+def test_encoder_only_warm_up_covers_its_inference_mode_encode(ranks):
+    for out in ranks:
+        enc = out["encoder_only"]
+        assert enc["warm_up_compiles"] > 0  # the warm-up did compile, cold process
+        assert enc["after"] == 0, enc
+
+
+# --- only the target model warms and warns ------------------------------------------
+
+
+def test_draft_runner_hook_is_silent(ranks):
+    for out in ranks:
+        assert out["silent"]["draft"] == ([], [])
+
+
+def test_model_without_a_vision_encoder_gets_no_warning(ranks):
+    for out in ranks:
+        assert out["silent"]["text_model"] == []
+
+
+# --- bad configuration fails at construction ---------------------------------------
+
+
+@pytest.mark.parametrize("cap", [0, -5, True, 2.5])
+def test_server_args_rejects_a_bad_cap_in_one_line(cap):
+    from sglang.srt.server_args import ServerArgs
+
+    with pytest.raises(ValueError) as info:
+        ServerArgs(model_path=T.write_config_dir(), mm_max_encoder_patches_per_call=cap)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message == (
+        "--mm-max-encoder-patches-per-call must be a positive integer or unset, "
+        f"got {cap!r}"
+    )
