@@ -29,7 +29,18 @@ mixed sizes through SGLang's real prefill-step function
    images of one size together) and the batched vs per-request step time; when
    the device's backend is another one, a second model with the same seeded
    weights is built for ``sdpa`` and the other backend gets the distinct-sizes
-   row as the reference.
+   row as the reference;
+5. the same per-request and batched steps with SGLang's ViT CUDA graphs on
+   (``SGLANG_VIT_ENABLE_CUDA_GRAPH=1``, set in this process only): first call
+   (captures) vs warmed median, graphs captured, device memory the graphs keep,
+   and the largest difference to the eager batched step. CUDA only; on the CPU
+   the section says it was skipped and why.
+
+With ``--out``, every section writes ``NN-<name>.json`` and ``NN-<name>.md``
+there as soon as it ends, and ``gpu_vit_check.json`` / ``.md`` are rewritten
+with every finished section (``"complete": false`` until the last one). On
+SIGTERM (e.g. from ``timeout``) the check stops, marks the report
+``"stopped"`` and exits 143: what finished is already on disk.
 
 The gate is pinned inside this process only (SGLang batches on CUDA anyway;
 on ROCm at TP1 it would not, so "batched" is what the series does with the DP
@@ -50,6 +61,7 @@ import datetime
 import json
 import os
 import shlex
+import signal
 import socket
 import statistics
 import sys
@@ -416,14 +428,130 @@ def compare(batched, alone, tokens):
                 bitwise=equal == len(tokens))
 
 
+def graph_rows(model, requests, dev, args):
+    """Section 5: per-request and batched steps with SGLang's ViT CUDA graphs on.
+
+    ``SGLANG_VIT_ENABLE_CUDA_GRAPH`` is read by SGLang at every tower call
+    (``envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get()``), so it is set around these
+    steps only. A graph is captured per distinct packed layout
+    (``ViTCudaGraphRunner.block_graphs``); the first step of each path
+    captures, the warmed ones replay.
+    """
+    if dev.name != "cuda":
+        return {"skipped": "CUDA graphs need a GPU (--device cuda)", "rows": []}
+
+    from sglang.srt.environ import envs
+
+    runner = model.visual.graph_runners
+    eager = timed_step(model, requests, dev).out
+    rows = []
+    try:
+        _graph_steps(model, requests, dev, args, runner, eager, envs, rows)
+    except Exception as e:  # noqa: BLE001 - recorded: the first GPU run must show why
+        import traceback
+
+        traceback.print_exc()
+        return {"skipped": None, "rows": rows, "error": f"{type(e).__name__}: {str(e).strip()[:300]}"}
+    return {"skipped": None, "rows": rows, "error": None}
+
+
+def _graph_steps(model, requests, dev, args, runner, eager, envs, rows):
+    import torch
+
+    with envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.override(True):
+        for batched in (False, True):
+            graphs_before = len(runner.block_graphs)
+            dev.sync()
+            held_before = torch.cuda.memory_allocated()
+            out, first, calls, peak = timed_step(model, requests, dev, batched=batched, measure_peak=True)
+            dev.sync()
+            held_after = torch.cuda.memory_allocated()
+            warmed = [timed_step(model, requests, dev, batched=batched).seconds for _ in range(args.repeats)]
+            rows.append(dict(
+                path="batched" if batched else "per-request",
+                first_ms=1000 * first,
+                warm_median_ms=1000 * statistics.median(warmed),
+                graphs_captured=len(runner.block_graphs) - graphs_before,
+                graphs_total=len(runner.block_graphs),
+                first_step_peak_mib=peak,
+                # The embedding cache was emptied before the step (timed_step), so
+                # what stays allocated after it is what the captured graphs keep.
+                graph_memory_mib=(held_after - held_before) / 2**20,
+                max_abs_diff_vs_eager=float((out.double() - eager.double()).abs().max()),
+                **U.summarize_calls(calls),
+            ))
+
+
+# The check's sections, in the order they run: (report key, title).
+SECTIONS = [
+    ("steps", "per-request vs batched vision step"),
+    ("caps", "batched step vs --mm-max-encoder-patches-per-call"),
+    ("diffs", "batched vs each image alone"),
+    ("sdpa", "SDPA vision backend launches"),
+    ("graphs", "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1)"),
+]
+
+
+class CheckStopped(Exception):
+    """SIGTERM arrived: stop, keep what finished."""
+
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+class SectionFiles:
+    """Writes each finished section, and the report so far, under ``out``."""
+
+    def __init__(self, out: Optional[str]):
+        self.out = out
+        if out:
+            os.makedirs(out, exist_ok=True)
+
+    def section_done(self, name: str, report: dict) -> None:
+        report.setdefault("sections_done", []).append(name)
+        if os.environ.get("GPU_VIT_CHECK_TEST_PAUSE_AFTER") == name:
+            # Test hook (test_pack_gpu_check.py): hold here so a SIGTERM lands
+            # between sections deterministically.
+            print(f"gpu_vit_check: section {name} written; pausing (GPU_VIT_CHECK_TEST_PAUSE_AFTER)", flush=True)
+            self._write(name, report)
+            time.sleep(600)
+            return
+        self._write(name, report)
+
+    def _write(self, name: str, report: dict) -> None:
+        if not self.out:
+            return
+        n = [k for k, _ in SECTIONS].index(name) + 1
+        data = {k: report[k] for k in ("device", "tiny", "dtype", "attention_backend", "requests", "patches")
+                if k in report}
+        data[name] = report[name]
+        stem = os.path.join(self.out, f"{n:02d}-{name}")
+        write_atomic(stem + ".json", json.dumps(data, indent=1))
+        write_atomic(stem + ".md", section_markdown(name, report) + "\n")
+        self.report(report)
+
+    def report(self, report: dict) -> None:
+        """The whole report so far: gpu_vit_check.json and gpu_vit_check.md."""
+        if not self.out:
+            return
+        write_atomic(os.path.join(self.out, "gpu_vit_check.json"), json.dumps(report, indent=1))
+        write_atomic(os.path.join(self.out, "gpu_vit_check.md"), to_markdown(report) + "\n")
+
+
 # ---------------------------------------------------------------------------
 # The check
 # ---------------------------------------------------------------------------
 
 
-def run(args):
+def run(args, files: Optional[SectionFiles] = None):
+    """Every section in order; ``files`` (if given) writes each as it ends."""
     import torch
 
+    files = files or SectionFiles(None)
     dev = Device(args.device)
     dtype = getattr(torch, args.dtype)
     vision = TINY_VISION if args.tiny else QWEN3_VL_8B_VISION
@@ -445,7 +573,11 @@ def run(args):
         grids=[list(g) for g in grids],
         patches=sum(U.patches(g) for g in grids),
         build_s=build_s,
+        complete=False,
+        sections_done=[],
     )
+    args.report = report  # what main() writes if a SIGTERM stops the run
+    files.report(report)
     with torch.no_grad():
         # Process-level warm-up on an unrelated shape (context, library handles).
         warm = make_requests([(1, 2 * config.vision_config.spatial_merge_size, 2 * config.vision_config.spatial_merge_size)], config, seed=99)
@@ -460,6 +592,7 @@ def run(args):
                               warm_ms=[1000 * s for s in warmed], warm_median_ms=1000 * statistics.median(warmed),
                               **U.summarize_calls(calls)))
         report["steps"] = modes
+        files.section_done("steps", report)
 
         # 2. peak memory and time vs cap (batched step)
         caps = []
@@ -470,6 +603,7 @@ def run(args):
             caps.append(dict(cap=cap, peak_mib=peak_mib, step_ms=1000 * statistics.median([seconds] + more),
                              **U.summarize_calls(calls)))
         report["caps"] = caps
+        files.section_done("caps", report)
 
         # 3. batched vs alone, deterministic inference off and on
         alone = alone_rows(model, requests)
@@ -480,6 +614,8 @@ def run(args):
             diffs.append(dict(dtype=args.dtype, deterministic=deterministic, step_ms=1000 * statistics.median(times),
                               calls=len(calls), **compare(out, alone, tokens)))
         report["diffs"] = diffs
+        report["deterministic_bitwise_ok"] = all(d["bitwise"] for d in diffs if d["deterministic"])
+        files.section_done("diffs", report)
 
         # 4. The SDPA vision backend: per-layer launches with distinct sizes in one call
         models = [("sdpa", model if backend.startswith("sdpa ") else
@@ -487,7 +623,14 @@ def run(args):
         if not backend.startswith("sdpa "):
             models.append((backend.split(" ")[0], model))
         report["sdpa"] = sdpa_rows(models, config, dev, args)
+        del models
+        files.section_done("sdpa", report)
+
+        # 5. ViT CUDA graphs on
+        report["graphs"] = graph_rows(model, requests, dev, args)
+        files.section_done("graphs", report)
     report["total_s"] = time.perf_counter() - t_start
+    report["complete"] = True
     return report
 
 
@@ -505,55 +648,80 @@ def _fmt_cos(c: float, bitwise: bool) -> str:
     return f"1 − {1.0 - c:.1e}" if 1.0 - c >= 1e-15 else "1 − <1e-15"
 
 
-def to_markdown(r) -> str:
+def header_markdown(r) -> str:
     v = r["vision"]
-    lines = [
+    total = f"whole check {r['total_s']:.1f} s" if "total_s" in r else "check not finished"
+    return (
         f"Device: {r['device']}. Qwen3-VL vision tower{' (TINY sizes)' if r['tiny'] else ' (Qwen3-VL-8B sizes)'}: "
         f"depth {v['depth']}, hidden {v['hidden_size']}, MLP {v['intermediate_size']}, {v['num_heads']} heads, "
         f"out {v['out_hidden_size']}; random weights, {r['dtype']}, vision attention {r['attention_backend']}. "
         f"{r['requests']} single-image requests, {r['patches']} patches, through SGLang's prefill-step function. "
-        f"Build {r['build_s']:.1f} s, whole check {r['total_s']:.1f} s.",
-        "",
-        "Vision step, per-request vs batched:",
-        "",
-        U.markdown_table(
+        f"Build {r['build_s']:.1f} s, {total}."
+    )
+
+
+def section_markdown(name: str, r) -> str:
+    """One section's title and table."""
+    if name == "steps":
+        return "\n".join(["Vision step, per-request vs batched:", "", U.markdown_table(
             ["path", "encoder calls", "images per call mean / max", "first call (ms)", "warmed median (ms)"],
             [[s["path"], s["calls"], f"{s['images_mean']:.1f} / {s['images_max']}",
               f"{s['first_ms']:.1f}", f"{s['warm_median_ms']:.1f}"] for s in r["steps"]],
-        ),
-        "",
-        "Batched step vs --mm-max-encoder-patches-per-call:",
-        "",
-        U.markdown_table(
-            ["cap", "encoder calls", "images per call mean / max", "max patches per call", "step median (ms)", "peak step memory (MiB)"],
+        )])
+    if name == "caps":
+        return "\n".join(["Batched step vs --mm-max-encoder-patches-per-call:", "", U.markdown_table(
+            ["cap", "encoder calls", "images per call mean / max", "max patches per call", "step median (ms)",
+             "peak step memory (MiB)"],
             [["none" if c["cap"] is None else c["cap"], c["calls"], f"{c['images_mean']:.1f} / {c['images_max']}",
               c["patches_max"], f"{c['step_ms']:.1f}", f"{c['peak_mib']:.1f}"] for c in r["caps"]],
-        ),
-        "",
-        "Batched vs each image alone:",
-        "",
-        U.markdown_table(
+        )])
+    if name == "diffs":
+        return "\n".join(["Batched vs each image alone:", "", U.markdown_table(
             ["dtype", "deterministic inference", "encoder calls", "step median (ms)", "images bitwise equal",
              "max abs diff", "mean token cosine", "min token cosine"],
             [[d["dtype"], "on" if d["deterministic"] else "off", d["calls"], f"{d['step_ms']:.1f}",
               f"{d['bitwise_equal_images']} / {d['images']}", f"{d['max_abs_diff']:.3g}",
-              _fmt_cos(d["mean_token_cosine"], d["bitwise"]), _fmt_cos(d["min_token_cosine"], d["bitwise"])] for d in r["diffs"]],
+              _fmt_cos(d["mean_token_cosine"], d["bitwise"]), _fmt_cos(d["min_token_cosine"], d["bitwise"])]
+             for d in r["diffs"]],
             align="llrrrrrr",
-        ),
-        "",
-        f"SDPA vision backend: {r['sdpa'][0]['images']} single-image requests in one call vs one call per request "
-        "(SDPA launches per layer of one encoder call):",
-        "",
-        U.markdown_table(
-            ["backend", "layout", "patches", "SDPA launches per layer, batched / per-request call",
-             "batched step median (ms)", "per-request step median (ms)"],
-            [[s["backend"], s["layout"], s["patches"],
-              f"{s['batched_sdpa_per_layer']:g} / {s['per_request_sdpa_per_layer']:g}",
-              f"{s['batched_ms']:.1f}", f"{s['per_request_ms']:.1f}"] for s in r["sdpa"]],
-            align="llrrrr",
-        ),
-    ]
-    return "\n".join(lines)
+        )])
+    if name == "sdpa":
+        return "\n".join([
+            f"SDPA vision backend: {r['sdpa'][0]['images']} single-image requests in one call vs one call per "
+            "request (SDPA launches per layer of one encoder call):", "", U.markdown_table(
+                ["backend", "layout", "patches", "SDPA launches per layer, batched / per-request call",
+                 "batched step median (ms)", "per-request step median (ms)"],
+                [[s["backend"], s["layout"], s["patches"],
+                  f"{s['batched_sdpa_per_layer']:g} / {s['per_request_sdpa_per_layer']:g}",
+                  f"{s['batched_ms']:.1f}", f"{s['per_request_ms']:.1f}"] for s in r["sdpa"]],
+                align="llrrrr",
+            )])
+    if name == "graphs":
+        g = r["graphs"]
+        title = "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1):"
+        if g["skipped"]:
+            return f"{title} skipped: {g['skipped']}."
+        return "\n".join([title, "", U.markdown_table(
+            ["path", "encoder calls", "graphs captured", "first call, captures (ms)", "warmed median (ms)",
+             "first step peak (MiB)", "memory the graphs keep (MiB)", "max abs diff vs eager batched"],
+            [[x["path"], x["calls"], x["graphs_captured"], f"{x['first_ms']:.1f}", f"{x['warm_median_ms']:.1f}",
+              f"{x['first_step_peak_mib']:.1f}", f"{x['graph_memory_mib']:.1f}", f"{x['max_abs_diff_vs_eager']:.3g}"]
+             for x in g["rows"]],
+        )] + ([f"ERROR (the rows above finished before it): {g['error']}"] if g.get("error") else []))
+    raise ValueError(name)
+
+
+def to_markdown(r) -> str:
+    """The header and every finished section (all of them once the check is done)."""
+    parts = [header_markdown(r)]
+    for name, title in SECTIONS:
+        if name in r:
+            parts.append(section_markdown(name, r))
+    if not r.get("complete"):
+        missing = [t for n, t in SECTIONS if n not in r]
+        note = f"INCOMPLETE ({r['stopped']})" if r.get("stopped") else "INCOMPLETE (running)"
+        parts.append(f"{note}; not measured: " + ("; ".join(missing) or "nothing") + ".")
+    return "\n\n".join(parts)
 
 
 def parse_args(argv=None):
@@ -572,7 +740,9 @@ def parse_args(argv=None):
     p.add_argument("--sdpa-images", type=int, default=None,
                    help=f"requests in the SDPA rows' call (default {SDPA_IMAGES}; --tiny {TINY_SDPA_IMAGES})")
     p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU path")
-    p.add_argument("--out", default=None, help="directory for gpu_vit_check.json and gpu_vit_check.md")
+    p.add_argument("--out", default=None,
+                   help="directory (created if missing) for each section's NN-<name>.json/.md as it ends "
+                        "and gpu_vit_check.json/.md")
     args = p.parse_args(argv)
     if args.device is None:
         args.device = "cpu" if args.tiny else "cuda"
@@ -591,6 +761,10 @@ def parse_args(argv=None):
     return args
 
 
+def _stop_on_sigterm(signum, frame):
+    raise CheckStopped(f"stopped by signal {signum} (SIGTERM)")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     _prepare_process(args.device)
@@ -601,21 +775,33 @@ def main(argv=None) -> int:
         return 2
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    report = run(args)
-    report["command"] = shlex.join(["python", "scripts/gpu_vit_check.py"] + (sys.argv[1:] if argv is None else list(argv)))
-    report["date"] = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}"
+    command = shlex.join(["python", "scripts/gpu_vit_check.py"] + (sys.argv[1:] if argv is None else list(argv)))
+    date = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}"
+    files = SectionFiles(args.out)
+    args.report = None
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        report = run(args, files)
+    except CheckStopped as e:
+        report = args.report
+        if report is None:  # before the model was built: nothing measured
+            print(f"gpu_vit_check: {e} before the first section", file=sys.stderr)
+            return 143
+        report.update(command=command, date=date, stopped=str(e))
+        files.report(report)
+        print(to_markdown(report))
+        print(f"gpu_vit_check: {e}; finished sections: {', '.join(report['sections_done']) or 'none'}"
+              + (f" (in {args.out})" if args.out else ""), file=sys.stderr)
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    report["command"], report["date"] = command, date
     text = to_markdown(report) + f"\n\nCommand: {report['command']}\nDate: {report['date']}\n"
-    det = [d for d in report["diffs"] if d["deterministic"]]
-    ok = all(d["bitwise"] for d in det)
-    report["deterministic_bitwise_ok"] = ok
+    files.report(report)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gpu_vit_check.json"), "w") as f:
-            json.dump(report, f, indent=1)
-        with open(os.path.join(args.out, "gpu_vit_check.md"), "w") as f:
-            f.write(text)
+        write_atomic(os.path.join(args.out, "gpu_vit_check.md"), text)
     print(text)
-    if not ok:
+    if not report["deterministic_bitwise_ok"]:
         print("FAIL: with deterministic inference the batched step is not bitwise equal to alone", file=sys.stderr)
         return 1
     return 0

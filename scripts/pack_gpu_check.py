@@ -5,7 +5,7 @@ The box may have no SGLang and no network: only Python, a CUDA (or ROCm)
 torch and torch's own dependencies. The archive is a zip application:
 
     python scripts/pack_gpu_check.py                    # here: out/gpu_check/gpu_vit_check_bare.pyz
-    python gpu_vit_check_bare.pyz --out /tmp/gpu_vit_check   # there (scripts/run_gpu_check.py)
+    timeout 280 python3 gpu_vit_check_bare.pyz --out "$OUT"  # there (scripts/run_gpu_check.py)
 
 It holds (``manifest.json`` in the archive lists every part):
 
@@ -13,6 +13,8 @@ It holds (``manifest.json`` in the archive lists every part):
   extension; ``sglang/multimodal_gen`` and ``sglang/test`` left out) with the
   series in ``patches/`` applied by ``scripts/series.py apply`` (whatever
   series is there when this runs), and the pure-Python wheels in PURE;
+* ``fallback/``: FALLBACK (typing_extensions), used only when the box's own
+  copy is older than a packed distribution requires;
 * ``site-cpXY/``: the compiled wheels in COMPILED for one Python (``--python``,
   default 3.12, manylinux x86_64), only used by a matching interpreter;
 * ``scripts/``: gpu_vit_check.py and the cpu_support modules it imports;
@@ -79,6 +81,13 @@ PURE = [
     "dill==0.4.1",
     "einops==0.8.2",
     "partial-json-parser==0.2.1.1.post7",
+]
+# Pure-Python distributions the box normally has (torch requires them) and
+# the packed code needs at a minimum version: unpacked into ``fallback/``,
+# which the runner puts first on the path only when the box's copy is too old
+# for a packed distribution (pydantic 2.14.4 and pydantic_core 2.50.5 need typing_extensions >= 4.16).
+FALLBACK = [
+    "typing_extensions==4.16.0",
 ]
 # Compiled wheels the check uses (or transformers requires at import).
 COMPILED = [
@@ -205,6 +214,10 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
     os.makedirs(wheel_cache, exist_ok=True)
     for spec in PURE:
         _extract(_pip_download(spec, wheel_cache, None), site)
+    fallback = os.path.join(work, "fallback")
+    os.makedirs(fallback)
+    for spec in FALLBACK:
+        _extract(_pip_download(spec, wheel_cache, None), fallback)
     tag = "cp" + python.replace(".", "")
     compiled = os.path.join(work, f"site-{tag}")
     os.makedirs(compiled)
@@ -223,6 +236,7 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
         sglang=dict(version=SGLANG_VERSION, wheel=os.path.basename(sglang_wheel), skipped=SGLANG_SKIP),
         series=dict(hash=stamp.get("series_hash"), patches=stamp.get("patches")),
         pure=PURE,
+        fallback=FALLBACK,
         compiled=COMPILED,
         compiled_python=tag,
         standins=STANDINS,
@@ -284,7 +298,7 @@ def main(argv=None) -> int:
     digest = hashlib.sha256(open(args.out, "rb").read()).hexdigest()
     print(f"wrote {args.out}: {size / 2**20:.1f} MiB, sha256 {digest[:16]}, series {manifest['series']['hash'][:12]} "
           f"({len(manifest['series']['patches'])} patches), compiled wheels for {manifest['compiled_python']}")
-    print(f"on the GPU box: python {os.path.basename(args.out)} --out /tmp/gpu_vit_check")
+    print(f"on the GPU box: timeout 280 python3 {os.path.basename(args.out)} --out \"$OUT\"  (docs/benchmarks.md)")
     return 0
 
 

@@ -31,6 +31,25 @@ name) when it is called or instantiated. A stand-in that is ever used stops
 the run with that error; a real package, when the box has one, always wins.
 The runner writes which stand-ins were installed into ``bare_runner.json``
 next to the check's tables.
+
+ORDER OF WORK (every file under ``--out``, which is created if missing;
+default ``./gpu_vit_check_out``):
+
+1. ``env.json`` / ``env.md``, before anything is imported or unpacked: GPU
+   (``nvidia-smi``, else ``rocm-smi``), driver, ``*_VISIBLE_DEVICES``, Python,
+   the box's torch, triton, typing_extensions and numpy versions (from their
+   metadata, nothing imported), the C compiler and its version;
+2. the import check, before any model is built (``preflight.json``): the
+   requirements of every packed distribution that the box must provide are
+   compared with the box's versions (a too-old ``typing_extensions`` is
+   replaced by the packed fallback copy, first on the path), then torch and
+   every SGLang module the check uses are imported. A failure ends the run in
+   seconds with one line naming the module or distribution (exit 3);
+3. the check (``gpu_vit_check.py``), which writes each section's table and
+   JSON as soon as it ends;
+4. ``bare_runner.json``. On SIGTERM (``timeout``) the check stops, the
+   finished sections stay on disk and ``bare_runner.json`` says it was
+   stopped (exit 143).
 """
 
 from __future__ import annotations
@@ -43,6 +62,8 @@ import json
 import os
 import runpy
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -133,6 +154,200 @@ def install_standins(names) -> StandInFinder:
     return finder
 
 
+# ---------------------------------------------------------------------------
+# 1. The box, before anything is imported
+# ---------------------------------------------------------------------------
+
+
+def _first_line(cmd, timeout=20):
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"{type(e).__name__}: {e}"
+    text = (out.stdout or out.stderr).strip()
+    return out.returncode, text
+
+
+def _dist_version(name, paths=None):
+    import importlib.metadata as md
+
+    try:
+        dist = next(iter(md.distributions(name=name, path=paths))) if paths is not None else md.distribution(name)
+    except (StopIteration, md.PackageNotFoundError):
+        return None
+    return dict(version=dist.version, location=str(dist.locate_file("")))
+
+
+def box_environment(box_paths):
+    """What the box has: GPU, driver, Python, versions, compiler (nothing imported)."""
+    import platform
+
+    env = dict(
+        date=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        host=platform.node(),
+        platform=platform.platform(),
+        python=sys.version.split()[0],
+        python_executable=sys.executable,
+        visible_devices={k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+                                                    "ROCR_VISIBLE_DEVICES") if k in os.environ},
+        packages={name: _dist_version(name, box_paths) for name in
+                  ("torch", "triton", "pytorch-triton-rocm", "typing_extensions", "numpy", "sglang")},
+    )
+    gpu = None
+    if shutil.which("nvidia-smi"):
+        rc, text = _first_line(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total,memory.used",
+                                "--format=csv,noheader"])
+        gpu = dict(tool="nvidia-smi", rc=rc, gpus=text.splitlines() if text else [])
+    elif shutil.which("rocm-smi"):
+        rc, text = _first_line(["rocm-smi", "--showproductname", "--showdriverversion", "--showmeminfo", "vram"])
+        gpu = dict(tool="rocm-smi", rc=rc, output=text)
+    elif os.path.exists("/proc/driver/nvidia/version"):
+        with open("/proc/driver/nvidia/version") as f:
+            gpu = dict(tool="/proc/driver/nvidia/version", output=f.read().strip())
+    env["gpu"] = gpu or dict(tool=None, note="no nvidia-smi, rocm-smi or /proc/driver/nvidia/version")
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    version = None
+    if compiler:
+        text = _first_line([compiler, "--version"])[1] or ""
+        version = text.splitlines()[0] if text.strip() else None
+    env["compiler"] = dict(path=compiler, version=version)
+    return env
+
+
+def env_markdown(env):
+    lines = ["| what | value |", "|---|---|"]
+    gpu = env["gpu"]
+    lines.append(f"| GPU ({gpu.get('tool')}) | " + ("; ".join(gpu.get("gpus") or []) or
+                                                   (gpu.get("output") or gpu.get("note") or "").replace("\n", " ")[:400]) + " |")
+    lines.append(f"| visible devices | {env['visible_devices'] or 'all'} |")
+    lines.append(f"| Python | {env['python']} ({env['python_executable']}) |")
+    for name, v in env["packages"].items():
+        lines.append(f"| {name} | {'not installed' if v is None else v['version'] + ' (' + v['location'] + ')'} |")
+    c = env["compiler"]
+    lines.append(f"| C compiler | {c['path'] or 'none on PATH'}{' — ' + c['version'] if c['version'] else ''} |")
+    if env.get("torch_runtime"):
+        lines.append(f"| torch runtime | {env['torch_runtime']} |")
+    return "\n".join(lines)
+
+
+def write_json(path, data):
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------
+# 2. The import check
+# ---------------------------------------------------------------------------
+
+# What gpu_vit_check imports from SGLang, on every device.
+CHECK_MODULES = [
+    "sglang.srt.configs.qwen3_vl",
+    "sglang.srt.distributed.parallel_state",
+    "sglang.srt.environ",
+    "sglang.srt.managers.mm_schedule",
+    "sglang.srt.managers.schedule_batch",
+    "sglang.srt.models.qwen3_vl",
+    "sglang.srt.runtime_context",
+    "sglang.srt.server_args",
+    "sglang.srt.layers.attention.vision",
+    "cpu_support.seeded_model",
+]
+
+
+class PreflightFailed(Exception):
+    """One line: what the box lacks."""
+
+
+def _norm(name):
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_conflicts(archive_paths, box_paths):
+    """Requirements of packed distributions that the box must meet itself.
+
+    Returns ``(conflicts, absent)``: a conflict is a requirement on a
+    distribution the archive does not pack and the box has at a version the
+    requirement excludes; absent ones are neither packed nor on the box (only
+    an import can tell whether the check needs them). sglang's own
+    requirements are not checked: the check uses a sliver of SGLang.
+    """
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    packed = {_norm(d.metadata["Name"]): d for d in md.distributions(path=archive_paths)}
+    box = {}
+    for d in md.distributions(path=box_paths):
+        box.setdefault(_norm(d.metadata["Name"]), d)
+    conflicts, absent = [], []
+    for name, dist in sorted(packed.items()):
+        if name == "sglang":
+            continue
+        for text in dist.requires or []:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            want = _norm(req.name)
+            if want in packed:
+                continue
+            have = box.get(want)
+            if have is None:
+                absent.append(f"{req.name} (for {dist.metadata['Name']})")
+            elif req.specifier and not req.specifier.contains(have.version, prereleases=True):
+                conflicts.append(dict(name=want, have=have.version, location=str(have.locate_file("")),
+                                      needed_by=f"{dist.metadata['Name']} {dist.version}", requires=str(req)))
+    return conflicts, sorted(set(absent))
+
+
+def preflight(root, box_paths, device, backend):
+    """Check the box against the packed code before anything is built."""
+    record = dict(fallback_used=[], conflicts=[], absent=[], imported=[], error=None)
+    archive_paths = [p for p in sys.path if p.startswith(root)]
+    conflicts, record["absent"] = requirement_conflicts(archive_paths, box_paths)
+    fallback = os.path.join(root, "fallback")
+    if conflicts and os.path.isdir(fallback):
+        fixed, _ = requirement_conflicts(archive_paths, [fallback])
+        for name in sorted({c["name"] for c in conflicts}):
+            packed = _dist_version(name, [fallback])
+            if packed and not [f for f in fixed if f["name"] == name]:
+                have = next(c["have"] for c in conflicts if c["name"] == name)
+                record["fallback_used"].append(f"{name} {packed['version']} (the box has {have})")
+        if record["fallback_used"]:
+            sys.path.insert(0, fallback)
+            os.environ["PYTHONPATH"] = fallback + os.pathsep + os.environ.get("PYTHONPATH", "")
+        conflicts = [c for c in conflicts if not any(u.startswith(c["name"] + " ") for u in record["fallback_used"])]
+    record["conflicts"] = conflicts
+    if device == "cpu":
+        from cpu_support.standins import prepare_cpu_process
+
+        prepare_cpu_process()
+    modules = ["torch"] + (["triton"] if backend == "triton_attn" else []) + CHECK_MODULES
+    t0 = time.perf_counter()
+    for name in modules:
+        try:
+            __import__(name)
+        except BaseException as e:  # noqa: BLE001 - ImportError, AttributeError on an old torch, ...
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+            why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            missing = getattr(e, "name", None)
+            hint = "".join(f"; {c['name']} {c['have']} on this box, {c['needed_by']} needs {c['requires']}"
+                           for c in conflicts)
+            record["error"] = (f"importing {name} failed: {why}"
+                               + (f" (missing module: {missing})" if missing else "") + hint)
+            break
+        record["imported"].append(name)
+    record["import_seconds"] = time.perf_counter() - t0
+    if record["error"] is None and conflicts:
+        record["warning"] = "version conflicts above, but every module the check uses imported"
+    return record
+
+
+
 def _archive_path() -> str:
     here = os.path.abspath(os.path.dirname(__file__))
     return here if zipfile.is_zipfile(here) else ""
@@ -151,6 +366,13 @@ def _unpack(archive: str, workdir: str) -> str:
     tmp = tempfile.mkdtemp(prefix=".unpack-", dir=workdir)
     with zipfile.ZipFile(archive) as z:
         z.extractall(tmp)
+    if (os.cpu_count() or 1) >= 8:
+        # First imports would byte-compile a few thousand modules one by one;
+        # on a GPU box's many cores, compiling the whole tree in parallel once
+        # is faster (2 cores: 39 s for all 8.6k files, so left to the imports).
+        import compileall
+
+        compileall.compile_dir(tmp, quiet=2, workers=os.cpu_count())
     try:
         os.rename(tmp, dest)
     except OSError:  # another run unpacked it meanwhile
@@ -208,18 +430,41 @@ def prepare(root: str):
     return manifest, finder, os.path.isdir(compiled)
 
 
+class RunnerStopped(Exception):
+    pass
+
+
+def _stop(signum, frame):
+    raise RunnerStopped(f"stopped by signal {signum} (SIGTERM)")
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     workdir, check_args = _split_args(argv)
     if "-h" in check_args or "--help" in check_args:
         print(__doc__)
+    out = _option(check_args, "--out")
+    if out is None:
+        out = os.path.abspath("gpu_vit_check_out")
+        check_args = check_args + ["--out", out]
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        print(f"run_gpu_check: cannot create --out {out}: {e.strerror}", file=sys.stderr)
+        return 2
+    box_paths = [p for p in sys.path if p and not p.endswith(".pyz") and not os.path.isfile(p)]
+    env = box_environment(box_paths)
+    write_json(os.path.join(out, "env.json"), env)
+    with open(os.path.join(out, "env.md"), "w") as f:
+        f.write(env_markdown(env) + "\n")
+
     device = _option(check_args, "--device") or ("cpu" if "--tiny" in check_args else "cuda")
     notes = []
     if device == "cuda" and _option(check_args, "--mm-attention-backend") is None:
         # SGLang's own choice on Hopper/Blackwell (fa3/fa4) needs sgl_kernel or a
         # kernel download; Triton ships with torch. Triton (and torch.compile)
         # build their launchers with the system C compiler.
-        compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+        compiler = env["compiler"]["path"]
         backend = "triton_attn" if compiler else "sdpa"
         check_args = check_args + ["--mm-attention-backend", backend]
         notes.append(f"vision attention backend {backend} (the runner's default on a bare box)")
@@ -232,45 +477,66 @@ def main(argv=None) -> int:
         os.environ["MALLOC_MMAP_THRESHOLD_"] = os.environ["MALLOC_TRIM_THRESHOLD_"] = str(128 * 1024)
         os.execv(sys.executable, list(getattr(sys, "orig_argv", [sys.executable] + sys.argv)))
 
-    archive = _archive_path()
-    if archive:
-        root = _unpack(archive, workdir or os.path.join(tempfile.gettempdir(), "gpu_vit_check_bare"))
-    else:  # run from an unpacked copy
-        root = os.path.abspath(os.path.dirname(__file__))
-    manifest, finder, compiled = prepare(root)
-
-    script = os.path.join(root, "scripts", "gpu_vit_check.py")
-    sys.argv = [script] + check_args
     t0 = time.perf_counter()
-    status, error = 0, None
+    status, error, stopped = 0, None, None
+    record = dict(archive=None, python=sys.version.split()[0], notes=notes, check_args=check_args,
+                  out=out, exit_status=None, error=None, stopped=None)
+    previous = signal.signal(signal.SIGTERM, _stop)
+    finder = None
     try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        archive = _archive_path()
+        if archive:
+            root = _unpack(archive, workdir or os.path.join(tempfile.gettempdir(), "gpu_vit_check_bare"))
+        else:  # run from an unpacked copy
+            root = os.path.abspath(os.path.dirname(__file__))
+        manifest, finder, compiled = prepare(root)
+        record.update(archive=os.path.basename(archive) if archive else None, unpacked=root,
+                      compiled_wheels_used=compiled, series=manifest.get("series"), sglang=manifest.get("sglang"))
+        backend = _option(check_args, "--mm-attention-backend")
+        pre = preflight(root, box_paths, device, backend)
+        write_json(os.path.join(out, "preflight.json"), pre)
+        record["preflight"] = pre
+        if pre["error"]:
+            status, error = 3, f"preflight: {pre['error']}"
+            print(f"run_gpu_check: {error}", file=sys.stderr)
+        else:
+            torch = sys.modules["torch"]
+            hip = getattr(torch.version, "hip", None)
+            env["torch_runtime"] = (f"torch {torch.__version__} ({'ROCm ' + hip if hip else 'CUDA ' + str(torch.version.cuda)}), "
+                                    f"{torch.cuda.device_count()} visible GPU(s)"
+                                    + (f", GPU 0 {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
+            write_json(os.path.join(out, "env.json"), env)
+            with open(os.path.join(out, "env.md"), "w") as f:
+                f.write(env_markdown(env) + "\n")
+            for note in pre["fallback_used"]:
+                print(f"run_gpu_check: note: packed fallback used: {note}", file=sys.stderr)
+            script = os.path.join(root, "scripts", "gpu_vit_check.py")
+            sys.argv = [script] + check_args
+            try:
+                runpy.run_path(script, run_name="__main__")
+            except SystemExit as e:
+                status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if status == 143:
+                stopped = "SIGTERM during the check (its finished sections are on disk)"
+    except RunnerStopped as e:
+        status, stopped = 143, str(e)
     except Exception as e:  # e.g. BareStandInCalled: recorded, then shown
         traceback.print_exc()
         status, error = 1, f"{type(e).__name__}: {e}"
-    out = _option(check_args, "--out")
-    if out and os.path.isdir(out):
-        record = dict(
-            archive=os.path.basename(archive) if archive else None,
-            unpacked=root,
-            python=sys.version.split()[0],
-            compiled_wheels_used=compiled,
-            standins_installed=sorted(finder.used),
-            notes=notes,
-            check_args=check_args,
-            series=manifest.get("series"),
-            sglang=manifest.get("sglang"),
-            modules={name: getattr(sys.modules.get(name), "__file__", None)
-                     for name in ("sglang", "transformers", "numpy", "torch")},
-            sys_path=list(sys.path),
-            check_seconds=time.perf_counter() - t0,
-            exit_status=status,
-            error=error,
-        )
-        with open(os.path.join(out, "bare_runner.json"), "w") as f:
-            json.dump(record, f, indent=1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    record.update(
+        standins_installed=sorted(finder.used) if finder else [],
+        modules={name: getattr(sys.modules.get(name), "__file__", None)
+                 for name in ("sglang", "transformers", "numpy", "torch", "typing_extensions")},
+        sys_path=list(sys.path),
+        check_seconds=time.perf_counter() - t0,
+        exit_status=status,
+        error=error,
+        stopped=stopped,
+        sections_on_disk=sorted(f for f in os.listdir(out) if f[:2].isdigit() and f.endswith(".json")),
+    )
+    write_json(os.path.join(out, "bare_runner.json"), record)
     return status
 
 

@@ -3,10 +3,12 @@
 The script is the product (it is what runs when a GPU is lent), so it runs
 as a subprocess, exactly as documented, and the test checks that what it
 wrote holds together: call counts that follow from the burst and the caps,
-non-negative times and memory, the bf16 batched-vs-alone rows with
-deterministic inference off and on (on: bitwise), the SDPA rows' launches
+the bf16 batched-vs-alone rows with deterministic inference off and on (on:
+bitwise), the SDPA rows' launches
 per layer (one per distinct image size in the call), and a markdown table that
-shows the numbers of the JSON. One more test runs the check in a process that
+shows the numbers of the JSON; each section's own files under --out hold
+what the whole report holds, and the CUDA-graph section says why it did not
+run on the CPU. One more test runs the check in a process that
 records the embedding cache at the moment each peak-memory measurement starts.
 """
 
@@ -66,11 +68,27 @@ def run(tmp_path_factory):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "gpu_vit_check.json").read_text())
     markdown = (out / "gpu_vit_check.md").read_text()
-    return report, markdown, proc.stdout
+    return report, markdown, proc.stdout, out
+
+
+def test_each_section_is_written_on_its_own(run):
+    report, markdown, _, out = run
+    assert report["complete"] is True and "stopped" not in report
+    names = ["steps", "caps", "diffs", "sdpa", "graphs"]
+    assert report["sections_done"] == names
+    for n, name in enumerate(names, start=1):
+        section = json.loads((out / f"{n:02d}-{name}.json").read_text())
+        assert section[name] == report[name] and section["device"] == report["device"]
+        text = (out / f"{n:02d}-{name}.md").read_text().strip()
+        assert text in markdown
+    # No GPU here: the CUDA-graph section says so instead of measuring.
+    assert report["graphs"] == {"skipped": "CUDA graphs need a GPU (--device cuda)", "rows": []}
+    assert "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1): skipped: CUDA graphs need a GPU" in markdown
+    assert "INCOMPLETE" not in markdown
 
 
 def test_per_request_and_batched_steps(run):
-    report, _, _ = run
+    report, _, _, _ = run
     n = report["requests"]
     assert n == len(report["grids"]) == 16
     assert report["patches"] == sum(t * h * w for t, h, w in report["grids"])
@@ -83,12 +101,11 @@ def test_per_request_and_batched_steps(run):
     assert steps["batched"]["call_patches"] == [counts]
     for s in steps.values():
         assert s["images"] == n
-        assert s["first_ms"] >= 0 and len(s["warm_ms"]) == REPEATS
-        assert all(t >= 0 for t in s["warm_ms"])
+        assert len(s["warm_ms"]) == REPEATS
 
 
 def test_cap_rows_follow_from_the_burst(run):
-    report, _, _ = run
+    report, _, _, _ = run
     counts = [t * h * w for t, h, w in report["grids"]]
     caps = report["caps"]
     assert [c["cap"] for c in caps][-1] is None and len(caps) >= 2
@@ -101,18 +118,16 @@ def test_cap_rows_follow_from_the_burst(run):
         for call in row["call_patches"]:
             assert row["cap"] is None or sum(call) <= row["cap"] or len(call) == 1, row
         assert row["patches_max"] == max(sum(call) for call in row["call_patches"])
-        assert row["peak_mib"] >= 0 and row["step_ms"] >= 0
 
 
 def test_bf16_batched_vs_alone_rows(run):
-    report, _, _ = run
+    report, _, _, _ = run
     rows = {d["deterministic"]: d for d in report["diffs"]}
     assert set(rows) == {False, True}
     for d in rows.values():
         assert d["dtype"] == "bfloat16"
         assert d["images"] == report["requests"]
         assert 0 <= d["bitwise_equal_images"] <= d["images"]
-        assert d["max_abs_diff"] >= 0 and d["step_ms"] >= 0
         assert -1.0 <= d["min_token_cosine"] <= d["mean_token_cosine"] <= 1.0 + 1e-12
         assert (d["max_abs_diff"] == 0) == d["bitwise"]
     # Deterministic inference: one image per encoder call, bitwise equal to alone.
@@ -122,7 +137,7 @@ def test_bf16_batched_vs_alone_rows(run):
 
 
 def test_sdpa_rows_launch_once_per_distinct_size(run):
-    report, _, _ = run
+    report, _, _, _ = run
     rows = report["sdpa"]
     assert [r["layout"] for r in rows] == ["one size", "2 sizes alternating", "4 distinct sizes"]
     assert [r["distinct_sizes"] for r in rows] == [1, 2, 4]
@@ -133,11 +148,10 @@ def test_sdpa_rows_launch_once_per_distinct_size(run):
         assert r["batched_calls"] == 1 and r["per_request_calls"] == r["images"]
         assert r["batched_sdpa_per_layer"] == r["distinct_sizes"]
         assert r["per_request_sdpa_per_layer"] == 1
-        assert r["batched_ms"] >= 0 and r["per_request_ms"] >= 0
 
 
 def test_markdown_shows_the_json(run):
-    report, markdown, stdout = run
+    report, markdown, stdout, _ = run
     assert markdown.strip() in stdout
     steps = _table_rows(markdown, "path")
     assert [(r[0], int(r[1]), r[3], r[4]) for r in steps] == [

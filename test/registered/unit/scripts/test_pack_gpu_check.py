@@ -9,17 +9,27 @@ the distributions torch itself requires (symlinks into the venv, found from
 their metadata): what a box with a preinstalled torch has. The check runs its
 --tiny CPU path; the runner's record says where sglang, transformers and numpy
 were imported from and which stand-ins answered.
+
+The archive is packed once per test session (this module is the only one
+that packs it) and unpacked once into a shared work folder, so the sglang
+tree is byte-compiled once. One more test runs the unpacked archive's runner
+and stops it with SIGTERM between two sections: the finished sections must be
+on disk. The import check is tested on a box whose typing_extensions is too
+old (the packed fallback takes over) and on one without triton (it stops
+before anything is built, naming triton).
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=150, suite="stage-a-test-cpu")
 
 import importlib.metadata as md
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -83,12 +93,41 @@ def test_archive_is_one_file_under_64_mib_with_the_current_series(archive):
     assert "site/sglang/srt/managers/mm_schedule.py" in names
 
 
-def test_runs_the_check_with_only_the_archive_and_torch(archive, torch_only, tmp_path):
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """One unpack (and byte-compile) of the archive for every run in this module."""
+    return tmp_path_factory.mktemp("work")
+
+
+@pytest.fixture(scope="module")
+def unpacked(archive, workdir):
+    """The archive unpacked by the runner's own code, where every ``--workdir`` run finds it."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import run_gpu_check
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    return Path(run_gpu_check._unpack(str(archive), str(workdir)))
+
+
+def _old_typing_extensions(dest: Path) -> Path:
+    """A box whose typing_extensions says 4.10.0 (pydantic 2.14.4 needs >= 4.16)."""
+    import typing_extensions
+
+    dest.mkdir()
+    (dest / "typing_extensions.py").write_text(Path(typing_extensions.__file__).read_text())
+    info = dest / "typing_extensions-4.10.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: typing_extensions\nVersion: 4.10.0\n")
+    return dest
+
+
+def test_runs_the_check_with_only_the_archive_and_torch(archive, unpacked, torch_only, workdir, tmp_path):
     torch_dir = torch_only
-    out, work = tmp_path / "out", tmp_path / "work"
-    out.mkdir()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHONPATH": str(torch_dir),
-           "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    old_te = _old_typing_extensions(tmp_path / "old-te")
+    out, work = tmp_path / "out" / "not" / "there" / "yet", workdir
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+           "PYTHONPATH": f"{old_te}{os.pathsep}{torch_dir}", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
     cmd = [sys.executable, "-S", "-s", str(archive), "--workdir", str(work), "--tiny", "--device", "cpu",
            "--repeats", "1", "--burst", "64x64:2,128x128:1", "--caps", "64,none", "--sdpa-images", "2",
            "--out", str(out)]
@@ -97,7 +136,7 @@ def test_runs_the_check_with_only_the_archive_and_torch(archive, torch_only, tmp
 
     record = json.loads((out / "bare_runner.json").read_text())
     root = record["unpacked"]
-    assert root.startswith(str(work))
+    assert root == str(unpacked)
     site = str(Path(sys.prefix))
     for name in ("sglang", "transformers", "numpy"):
         assert record["modules"][name].startswith(root), record["modules"]
@@ -106,12 +145,104 @@ def test_runs_the_check_with_only_the_archive_and_torch(archive, torch_only, tmp
     with zipfile.ZipFile(archive) as z:
         standins = json.loads(z.read("manifest.json"))["standins"]
     assert set(record["standins_installed"]) <= set(standins)
-    assert record["exit_status"] == 0 and record["error"] is None
+    assert record["exit_status"] == 0 and record["error"] is None and record["stopped"] is None
+
+    # The import check found the box's typing_extensions too old and put the packed one first.
+    pre = json.loads((out / "preflight.json").read_text())
+    assert pre["error"] is None and pre["fallback_used"] == ["typing-extensions 4.16.0 (the box has 4.10.0)"]
+    assert pre["conflicts"] == [] and "sglang.srt.models.qwen3_vl" in pre["imported"]
+    assert record["modules"]["typing_extensions"] == os.path.join(root, "fallback", "typing_extensions.py")
+
+    # The environment file: the box's versions, from metadata.
+    env_rec = json.loads((out / "env.json").read_text())
+    assert env_rec["python"] == sys.version.split()[0]
+    assert env_rec["packages"]["torch"]["location"] == str(torch_dir)
+    assert env_rec["packages"]["typing_extensions"]["version"] == "4.10.0"
+    assert env_rec["packages"]["sglang"] is None
+    assert "| typing_extensions | 4.10.0" in (out / "env.md").read_text()
 
     report = json.loads((out / "gpu_vit_check.json").read_text())
     assert report["requests"] == 3 and report["deterministic_bitwise_ok"]
     assert [c["cap"] for c in report["caps"]] == [64, None]
+    assert report["complete"] is True
+    assert report["sections_done"] == ["steps", "caps", "diffs", "sdpa", "graphs"]
+    assert record["sections_on_disk"] == ["01-steps.json", "02-caps.json", "03-diffs.json", "04-sdpa.json",
+                                          "05-graphs.json"]
+    # The section files hold what the whole report holds.
+    assert json.loads((out / "02-caps.json").read_text())["caps"] == report["caps"]
+    assert report["graphs"] == {"skipped": "CUDA graphs need a GPU (--device cuda)", "rows": []}
     assert (out / "gpu_vit_check.md").read_text().startswith("Device: CPU")
+
+
+def test_sigterm_between_sections_leaves_the_finished_ones(unpacked, torch_only, tmp_path):
+    """The unpacked archive's runner, stopped by SIGTERM (as ``timeout`` does)
+    after the second section: the two finished sections are on disk, the
+    report says it was stopped and what was not measured."""
+    runner = unpacked / "run_gpu_check.py"
+    out = tmp_path / "new" / "out"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHONPATH": str(torch_only),
+           "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "GPU_VIT_CHECK_TEST_PAUSE_AFTER": "caps",
+           "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    proc = subprocess.Popen([sys.executable, "-S", "-s", str(runner), "--tiny", "--device", "cpu", "--repeats", "1",
+                             "--burst", "64x64:2,128x128:1", "--caps", "64,none", "--sdpa-images", "2",
+                             "--out", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "02-caps.md").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert (out / "02-caps.md").exists(), "the caps section never finished"
+        time.sleep(0.5)  # the pause: the runner now sleeps after the caps section
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, stderr[-3000:]
+    assert "stopped by signal" in stderr and "finished sections: steps, caps" in stderr
+
+    names = sorted(p.name for p in out.iterdir())
+    assert [n for n in names if n[:2].isdigit()] == ["01-steps.json", "01-steps.md", "02-caps.json", "02-caps.md"]
+    assert {"env.json", "env.md", "preflight.json", "bare_runner.json", "gpu_vit_check.json"} <= set(names)
+    steps = json.loads((out / "01-steps.json").read_text())["steps"]
+    assert [s["path"] for s in steps] == ["per-request", "batched"]
+    report = json.loads((out / "gpu_vit_check.json").read_text())
+    assert report["complete"] is False and "SIGTERM" in report["stopped"]
+    assert report["sections_done"] == ["steps", "caps"] and "diffs" not in report
+    md = (out / "gpu_vit_check.md").read_text()
+    assert "| per-request | 3 |" in md and "INCOMPLETE (stopped by signal" in md
+    assert "not measured: batched vs each image alone; SDPA vision backend launches; ViT CUDA graphs" in md
+    record = json.loads((out / "bare_runner.json").read_text())
+    assert record["exit_status"] == 143 and record["stopped"].startswith("SIGTERM during the check")
+    assert record["sections_on_disk"] == ["01-steps.json", "02-caps.json"]
+
+
+def test_a_box_without_triton_stops_at_the_import_check(archive, unpacked, torch_only, workdir, tmp_path):
+    """--device cuda with a C compiler picks triton_attn; with no triton on the
+    box the import check names it before any model is built (exit 3)."""
+    no_triton = tmp_path / "no-triton"
+    no_triton.mkdir()
+    for entry in torch_only.iterdir():
+        if not entry.name.startswith("triton"):
+            (no_triton / entry.name).symlink_to(entry.resolve())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "cc").write_text("#!/bin/sh\necho 'cc (fake) 1.0'\n")
+    (bin_dir / "cc").chmod(0o755)
+    out = tmp_path / "out"
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "PYTHONPATH": str(no_triton), "TMPDIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-S", "-s", str(archive), "--workdir", str(workdir), "--device", "cuda",
+                           "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("run_gpu_check: preflight: importing triton failed") and "missing module: triton" in last
+    pre = json.loads((out / "preflight.json").read_text())
+    assert pre["imported"] == ["torch"]
+    assert not [p for p in out.iterdir() if p.name[:2].isdigit() or p.name.startswith("gpu_vit_check")]
+    assert json.loads((out / "env.json").read_text())["compiler"] == {"path": str(bin_dir / "cc"),
+                                                                      "version": "cc (fake) 1.0"}
+    assert json.loads((out / "bare_runner.json").read_text())["exit_status"] == 3
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +251,7 @@ def torch_only(tmp_path_factory):
 
 
 @pytest.mark.parametrize("compiler", [True, False])
-def test_cuda_default_backend_on_a_bare_box(archive, torch_only, tmp_path, compiler):
+def test_cuda_default_backend_on_a_bare_box(archive, unpacked, torch_only, workdir, tmp_path, compiler):
     """--device cuda with no backend given: triton_attn when a C compiler is on
     PATH, else sdpa with torch.compile off. This CPU has no GPU, so the check
     itself stops with its one-line error (exit 2) after the runner's choice."""
@@ -131,9 +262,8 @@ def test_cuda_default_backend_on_a_bare_box(archive, torch_only, tmp_path, compi
         cc.write_text("#!/bin/sh\nexit 1\n")
         cc.chmod(0o755)
     out = tmp_path / "out"
-    out.mkdir()
     env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "PYTHONPATH": str(torch_only), "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-S", "-s", str(archive), "--workdir", str(tmp_path / "work"),
+    proc = subprocess.run([sys.executable, "-S", "-s", str(archive), "--workdir", str(workdir),
                            "--device", "cuda", "--out", str(out)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -180,10 +310,8 @@ print(json.dumps(dict(standins=sorted(finder.used), compiled=compiled,
 """
 
 
-def test_cuda_branch_imports_resolve_from_the_archive(archive, torch_only, tmp_path):
-    work = tmp_path / "work"
-    with zipfile.ZipFile(archive) as z:
-        z.extractall(work)
+def test_cuda_branch_imports_resolve_from_the_archive(unpacked, torch_only, tmp_path):
+    work = unpacked
     probe = tmp_path / "cuda_imports.py"
     probe.write_text(_CUDA_IMPORTS)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHONPATH": str(torch_only),
