@@ -313,8 +313,42 @@ SMI_QUERIES = (
 )
 
 
+# The variables that restrict which GPUs a launch may use, per tool family.
+VISIBLE_VARS = {"nvidia-smi": ("CUDA_VISIBLE_DEVICES",),
+                "rocm-smi": ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+                "amd-smi": ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")}
+
+
+def visible_gpus(tool: str) -> Tuple[Optional[List[int]], str]:
+    """The GPU indices the servers may use (``*_VISIBLE_DEVICES``), or None for all.
+
+    Only comma lists of indices are understood; anything else (UUIDs) means
+    every GPU is read, and the note says so.
+    """
+    for var in VISIBLE_VARS.get(tool, ()):
+        value = os.environ.get(var)
+        if value is None:
+            continue
+        parts = [x.strip() for x in value.split(",") if x.strip()]
+        if all(x.isdigit() for x in parts):
+            return [int(x) for x in parts], f"{var}={value}"
+        return None, f"{var}={value} is not a list of indices: reading every GPU"
+    return None, ""
+
+
+def _gpu_index(key: str) -> Optional[int]:
+    """0 for "0", "card0" or "GPU0"; None when the key holds no index."""
+    digits = "".join(ch for ch in key if ch.isdigit())
+    return int(digits) if digits else None
+
+
 def gpu_memory_used() -> Tuple[Optional[str], Dict[str, float], str]:
-    """(tool, {gpu: used MiB}, note): the note says why the dict is empty."""
+    """(tool, {gpu: used MiB}, note): the note says why the dict is empty.
+
+    Only the GPUs ``*_VISIBLE_DEVICES`` lets the servers use are read, so
+    another user's job on another GPU of the box cannot stall or stop the
+    memory wait.
+    """
     for tool, cmd, parse_out in SMI_QUERIES:
         if shutil.which(tool) is None:
             continue
@@ -331,6 +365,11 @@ def gpu_memory_used() -> Tuple[Optional[str], Dict[str, float], str]:
             return tool, {}, f"cannot read {shlex.join(cmd)}'s output ({type(e).__name__}: {e})"
         if not used:
             return tool, {}, f"{shlex.join(cmd)} listed no GPU"
+        visible, why = visible_gpus(tool)
+        if visible is not None:
+            used = {g: u for g, u in used.items() if _gpu_index(g) in visible}
+            if not used:
+                return tool, {}, f"{shlex.join(cmd)} listed none of the GPUs {why} names"
         return tool, used, ""
     return None, {}, "no nvidia-smi, rocm-smi or amd-smi on PATH"
 
@@ -594,6 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait, between launches, for GPU memory to be released")
     p.add_argument("--gpu-release-slack-mib", type=float, default=1024.0,
                    help="released = every GPU within this many MiB of its use before the first launch")
+    p.add_argument("--allow-patched-base", action="store_true",
+                   help="run even when build A's tree already carries the series (refused by default: "
+                        "a base copied after an in-place apply is not the base)")
     p.add_argument("--out-dir", default="ab_image_burst")
     p.add_argument("--cpu", action="store_true", help="the fork's CPU server (docs/cpu.md)")
     p.add_argument("--tp-size", type=int, default=2, help="--cpu only")
@@ -663,8 +705,18 @@ def describe_builds(args) -> List[dict]:
             raise ABError(
                 f"build {side.upper()}: {py} imports sglang from {where}, not from "
                 f"--{side}-target {target} (an editable install can shadow PYTHONPATH)")
+        status = B.series_status(where)
+        if side == "a" and status.get("applied") and not args.allow_patched_base:
+            # A base copied after an in-place apply is the series under another label.
+            raise ABError(
+                f"build A (the base) {where} carries the series (series.py status --target {where}: "
+                f"{B.describe_status(status)}); copy the base tree before applying the series, "
+                "or pass --allow-patched-base")
         builds.append({"label": getattr(args, f"{side}_label"), "python": py, "target": target,
-                       "version": B.sglang_version(py, path), "series_hash": B.series_hash(where)})
+                       "tree": where, "version": B.sglang_version(py, path),
+                       "series_hash": B.series_hash(where),
+                       "series_status": {k: status.get(k) for k in ("applied", "current", "series_hash",
+                                                                     "patches", "error") if k in status}})
     return builds
 
 

@@ -333,25 +333,45 @@ def sglang_dir(python: str = sys.executable, python_path: Sequence[str] = ()) ->
     return out.stdout.strip() or None
 
 
+def series_status(target: Optional[str]) -> dict:
+    """``python scripts/series.py status --target TARGET --json``, parsed.
+
+    On failure: ``{"error": "..."}`` (one line) instead of the status.
+    """
+    if not target:
+        return {"error": "no sglang target"}
+    series_py = os.path.join(ROOT, "scripts", "series.py")
+    if not os.path.isfile(series_py):
+        return {"error": "scripts/series.py missing"}
+    proc = subprocess.run(
+        [sys.executable, series_py, "status", "--json", "--target", target],
+        capture_output=True, text=True,
+    )
+    try:
+        return json.loads(proc.stdout)
+    except ValueError:
+        return {"error": f"series.py status failed: {proc.stderr.strip()[:200]}"}
+
+
+def describe_status(st: dict) -> str:
+    """``series.py status`` in a few words, for one-line messages."""
+    if st.get("error"):
+        return f"unknown ({st['error']})"
+    if not st.get("applied"):
+        return "series not applied"
+    return (f"applied, series {(st.get('series_hash') or '?')[:12]}, {len(st.get('patches') or [])} patch(es)"
+            + ("" if st.get("current") else ", not the repo's current series"))
+
+
 def series_hash(target: Optional[str]) -> str:
     """The applied series' hash in ``target`` per ``series.py status --json``.
 
     ``"none (pristine)"`` when no series is applied there; ``"unknown (...)"``
     when it cannot be told (e.g. a remote server: pass ``--series-hash``).
     """
-    if not target:
-        return "unknown (no sglang target)"
-    series_py = os.path.join(ROOT, "scripts", "series.py")
-    if not os.path.isfile(series_py):
-        return "unknown (scripts/series.py missing)"
-    proc = subprocess.run(
-        [sys.executable, series_py, "status", "--json", "--target", target],
-        capture_output=True, text=True,
-    )
-    try:
-        st = json.loads(proc.stdout)
-    except ValueError:
-        return f"unknown (series.py status failed: {proc.stderr.strip()[:200]})"
+    st = series_status(target)
+    if st.get("error"):
+        return f"unknown ({st['error']})"
     if not st.get("applied"):
         return "none (pristine)"
     h = st.get("series_hash") or "?"

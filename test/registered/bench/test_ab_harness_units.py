@@ -93,6 +93,24 @@ def test_rocm_smi_json_is_read_in_mib(tmp_path, monkeypatch):
     assert AB.gpu_memory_used() == ("rocm-smi", {"card0": 3072.0, "card1": 512.0}, "")
 
 
+def test_only_the_visible_gpus_are_read(tmp_path, monkeypatch):
+    """Another user's job on GPU 5 must not stall the wait of a run on GPUs 0 and 2."""
+    _tool(tmp_path, monkeypatch, "nvidia-smi", "0, 300\n1, 300\n2, 310\n5, 70000\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2")
+    assert AB.gpu_memory_used() == ("nvidia-smi", {"0": 300.0, "2": 310.0}, "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8a2f,GPU-77c1")  # UUIDs: every GPU
+    assert AB.gpu_memory_used()[1] == {"0": 300.0, "1": 300.0, "2": 310.0, "5": 70000.0}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    tool, used, note = AB.gpu_memory_used()
+    assert used == {} and "none of the GPUs CUDA_VISIBLE_DEVICES=7 names" in note
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    out = {f"card{i}": {"VRAM Total Used Memory (B)": str((i + 1) * 2**30)} for i in range(4)}
+    (tmp_path / "bin" / "nvidia-smi").unlink()
+    _tool(tmp_path, monkeypatch, "rocm-smi", json.dumps(out))
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1,3")
+    assert AB.gpu_memory_used() == ("rocm-smi", {"card1": 2048.0, "card3": 4096.0}, "")
+
+
 def test_no_tool_or_a_failing_tool_skips_with_a_note(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing there
     tool, used, note = AB.gpu_memory_used()
