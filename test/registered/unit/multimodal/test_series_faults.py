@@ -408,3 +408,61 @@ def test_server_args_rejects_a_bad_cap_in_one_line(cap):
         "--mm-max-encoder-patches-per-call must be a positive integer or unset, "
         f"got {cap!r}"
     )
+
+
+# --- rank consistency: what a rank-local cache hit does ------------------------
+
+# How long a rank waits for its step before the test calls it hung.
+HANG_SECONDS = 20
+
+
+def _diverging_caches_worker(rank, world_size, init_method):
+    """The same batch on both ranks; rank 1's embedding cache alone holds the
+    first image. Returns each rank's encoder calls (items per call) and
+    whether its step finished within HANG_SECONDS."""
+    import threading
+
+    from sglang.srt.managers import mm_schedule
+    from sglang.srt.mem_cache.multimodal_cache import EmbeddingResult
+    from sglang.srt.runtime_context import override_platform
+
+    T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
+    T.init_gloo(rank, world_size, init_method)
+    model = T.build_tiny_qwen3_vl()
+    requests = _requests(seed=40)
+    H.fresh_embedding_cache()
+    with override_platform(**ROCM), torch.no_grad():
+        first = model.get_image_feature(requests[0].items)  # both ranks: a collective
+    if rank == 1:
+        mm_schedule.embedding_cache.set(
+            requests[0].items[0].hash,
+            EmbeddingResult(embedding=first.reshape(-1, first.shape[-1])),
+        )
+    calls = []
+    model.get_image_feature = H.encoder_spy(model, lambda items: calls.append(len(items)))
+    done = threading.Event()
+
+    def step():
+        from sglang.srt.runtime_context import override_platform
+
+        with override_platform(**ROCM), torch.no_grad():
+            H.run_prefill_embedding(model, requests)
+        done.set()
+
+    threading.Thread(target=step, daemon=True).start()
+    finished = done.wait(HANG_SECONDS)
+    return {"calls": list(calls), "finished": finished}
+
+
+@pytest.mark.control(
+    reason="upstream's miss decision, which the series keeps: pristine hangs the same way"
+)
+def test_a_rank_local_cache_hit_desynchronises_the_dp_encoder():
+    """Not carried (docs/design.md, "Rank consistency"): the miss decision reads
+    each rank's own embedding cache, as upstream does. Rank 0 misses both
+    images and enters the DP runner's all-gather with two; rank 1 hits the
+    first, misses the second, and enters the single-image broadcast. Neither
+    returns: the step hangs, here bounded by HANG_SECONDS."""
+    out = run_on_ranks(_diverging_caches_worker, 2, timeout=300)
+    assert out[0]["calls"] == [2] and out[1]["calls"] == [1], out
+    assert not out[0]["finished"] and not out[1]["finished"], out
