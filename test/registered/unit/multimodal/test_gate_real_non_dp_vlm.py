@@ -156,7 +156,7 @@ def _rank_worker(rank, world_size, init_method):
 
     # --- Models the DP encoder spreads but the warm-up has no plan for, under
     # the gate: InternVL (its own tile runner, no plan) and GLM-Image (left
-    # out on purpose: its tower would issue collectives the ranks do not match).
+    # out on purpose: serving it with the DP encoder is broken upstream).
     from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
 
     from cpu_support.tiny_vl_family import build_tiny_family_model
@@ -252,9 +252,9 @@ AFTER_SKIP = (
         (
             "glm_image_hook",
             "GlmImageForConditionalGeneration",
-            "its vision MLP is tensor-parallel while the DP encoder gives each rank "
-            "other images, so a per-rank warm-up would issue collectives that the "
-            "ranks do not match",
+            "serving it with --mm-enable-dp-encoder is broken upstream (its vision "
+            "MLP is tensor-parallel while the DP encoder gives each rank other "
+            "images)",
         ),
     ],
     ids=["no-plan", "glm-image"],
