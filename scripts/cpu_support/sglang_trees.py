@@ -10,6 +10,9 @@ Python with the right dependencies import that sglang instead of its own.
   ``make setup`` fills, or downloaded with ``pip download --no-deps``);
 * series: a copy of pristine with ``scripts/series.py apply`` run on it.
   It is rebuilt when the series' hash changes.
+
+Each tree is filled in a temporary folder of its own and renamed into place,
+so processes that build the same tree at once do not collide.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,15 +54,33 @@ def find_wheel(version: str = "0.5.23") -> str:
     return hits[0]
 
 
+def _build(dest: str, fill, keep=lambda path: False) -> None:
+    """Make ``dest`` with ``fill(tmp)`` in a fresh temporary folder beside it,
+    then rename it into place. Several processes (test runs, agents) may build
+    the same tree at once: each fills its own folder, and when ``dest``
+    appeared meanwhile and ``keep(dest)`` says it is good, that one stays."""
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(dest) + ".tmp-", dir=os.path.dirname(dest))
+    try:
+        fill(tmp)
+        if os.path.isdir(dest) and not keep(dest):
+            shutil.rmtree(dest, ignore_errors=True)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not (os.path.isdir(dest) and keep(dest)):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _unpack(wheel: str, dest: str) -> None:
-    tmp = dest + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    with zipfile.ZipFile(wheel) as z:
-        members = [m for m in z.namelist()
-                   if m.startswith("sglang/") or m.split("/")[0].endswith(".dist-info")]
-        z.extractall(tmp, members)
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
+    def fill(tmp):
+        with zipfile.ZipFile(wheel) as z:
+            members = [m for m in z.namelist()
+                       if m.startswith("sglang/") or m.split("/")[0].endswith(".dist-info")]
+            z.extractall(tmp, members)
+
+    _build(dest, fill, keep=lambda d: os.path.isfile(os.path.join(d, "sglang", "version.py")))
 
 
 def series_status(target: str) -> dict:
@@ -83,21 +105,26 @@ def pristine_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
 def series_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
     dest = os.path.join(root, f"sglang-{version}-series")
     pristine = pristine_tree(root, version)
-    if os.path.isdir(dest):
-        st = series_status(dest)
-        if st.get("applied") and st.get("current"):
-            return dest
-        shutil.rmtree(dest)
-    tmp = dest + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(pristine, tmp, symlinks=True)
-    proc = subprocess.run([sys.executable, SERIES_PY, "apply", "--target", tmp],
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise TreeError(f"series.py apply failed on a pristine {version} tree: "
-                        f"{(proc.stdout + proc.stderr).strip()}")
-    os.replace(tmp, dest)
+
+    def current(path):
+        try:
+            st = series_status(path)
+        except (subprocess.CalledProcessError, ValueError):
+            return False
+        return bool(st.get("applied") and st.get("current"))
+
+    if os.path.isdir(dest) and current(dest):
+        return dest
+
+    def fill(tmp):
+        shutil.copytree(pristine, tmp, symlinks=True, dirs_exist_ok=True)
+        proc = subprocess.run([sys.executable, SERIES_PY, "apply", "--target", tmp],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise TreeError(f"series.py apply failed on a pristine {version} tree: "
+                            f"{(proc.stdout + proc.stderr).strip()}")
+
+    _build(dest, fill, keep=current)
     return dest
 
 

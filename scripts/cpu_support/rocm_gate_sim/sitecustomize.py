@@ -1,4 +1,4 @@
-"""Demo-only start-up hook: make ONLY the ViT-batching gate see ROCm.
+"""Demo-only start-up hook: make ONLY the ViT-batching gate and the warm-up decision see ROCm.
 
 NOT part of the patch series and not a product feature. The CPU server
 (``cpu_support/cpu_server.py``) puts this directory on ``PYTHONPATH`` and sets
@@ -11,19 +11,20 @@ show the ROCm decision on the CPU server, this hook patches sglang's modules
 right after they are imported (a post-import hook on ``sys.meta_path``):
 
 * series build (``mm_schedule._batch_vit_across_requests`` exists): that
-  gate, and ``mm_utils.hip_dp_encoder_batches_vit``, are evaluated under
-  ``override_platform(is_hip=True)``. The vision warm-up reads
-  ``vit_batching.vit_batching_decision`` directly and is not wrapped: on the
-  CPU it says "batches", and whenever the DP encoder spreads the model's
-  images (the only case in which the warm-up looks at it) ROCm's gate says
-  the same, so the warm-up decides as on ROCm;
+  gate, ``mm_utils.hip_dp_encoder_batches_vit`` and the vision warm-up's
+  ``vision_warmup.vision_warm_up_decision`` (which the post-load hook asks on
+  every rank) are evaluated under ``override_platform(is_hip=True)``. The
+  warm-up decision's result is written to stderr once per distinct answer
+  (``vision_warm_up_decision -> (True, 'ROCm, DP encoder, attention-TP 2')``),
+  so a server log shows that the warm-up decided as on ROCm; the warm-up's
+  tower calls themselves run outside the override;
 * pristine build (no such attribute): the module global ``_is_hip`` that its
   inline ``if _is_hip or _is_npu or _is_xpu:`` reads is set to True, which
   forces the old per-request path.
 
 Nothing else sees ROCm: a process-wide override would send other code down
 ROCm-only kernels. The override in the series case is scoped to the gate's
-own call. The wrappers pass every positional and keyword argument through,
+own call (the gate's, the warm-up decision's). The wrappers pass every positional and keyword argument through,
 so a gate that takes arguments (e.g. the encoder function) keeps them.
 
 Images per rank are not logged here: the burst harness reads them from the
@@ -38,6 +39,7 @@ import sys
 _ENV = "FORK_DEMO_SIMULATE_ROCM_GATE"
 _MM_UTILS = "sglang.srt.multimodal.mm_utils"
 _MM_SCHEDULE = "sglang.srt.managers.mm_schedule"
+_VISION_WARMUP = "sglang.srt.multimodal.vision_warmup"
 _TAG = "fork demo ROCm gate simulation"
 
 
@@ -45,12 +47,18 @@ def _log(msg):
     sys.stderr.write(f"[{_TAG}] pid {os.getpid()}: {msg}\n")
 
 
-def _under_hip(fn):
+def _under_hip(fn, report=False):
+    said = set()
+
     def gate(*args, **kwargs):
         from sglang.srt.runtime_context import override_platform
 
         with override_platform(is_hip=True):
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+        if report and repr(result) not in said:
+            said.add(repr(result))
+            _log(f"{getattr(fn, '__name__', 'gate')} -> {result!r}")
+        return result
 
     gate.__name__ = getattr(fn, "__name__", "gate")
     gate.__wrapped__ = fn
@@ -84,7 +92,20 @@ def _patch_mm_schedule(mod):
              "nothing patched")
 
 
-_PATCHERS = {_MM_UTILS: _patch_mm_utils, _MM_SCHEDULE: _patch_mm_schedule}
+def _patch_vision_warmup(mod):
+    if os.environ.get(_ENV) != "1":
+        return
+    fn = getattr(mod, "vision_warm_up_decision", None)
+    if fn is not None and not getattr(fn, "__fork_rocm_sim__", False):
+        mod.vision_warm_up_decision = _under_hip(fn, report=True)
+        _log("vision_warmup.vision_warm_up_decision evaluates under override_platform(is_hip=True)")
+
+
+_PATCHERS = {
+    _MM_UTILS: _patch_mm_utils,
+    _MM_SCHEDULE: _patch_mm_schedule,
+    _VISION_WARMUP: _patch_vision_warmup,
+}
 
 
 class _PatchingLoader(importlib.abc.Loader):

@@ -25,6 +25,7 @@ from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
 SCRIPTS = os.path.dirname(CS.HERE)
 
 
+@pytest.mark.control(reason="harness: the tiny Qwen3-VL model directory loads with transformers")
 def test_tiny_model_dir_loads_as_qwen3_vl(tmp_path):
     out = MTM.make_tiny_model(str(tmp_path / "m"), check=False)
     from transformers import AutoConfig, AutoProcessor
@@ -56,6 +57,7 @@ def test_tiny_model_dir_loads_as_qwen3_vl(tmp_path):
     assert list(enc["input_ids"][0]).count(ids["<|image_pad|>"]) == 49
 
 
+@pytest.mark.control(reason="harness: the tiny Qwen2.5-VL model directory loads with transformers")
 def test_tiny_qwen2_5_vl_dir_loads_as_its_processor(tmp_path):
     out = str(tmp_path / "q25")
     assert MTM.main(["--out", out, "--family", "qwen2_5_vl"]) == 0
@@ -89,6 +91,7 @@ def test_tiny_qwen2_5_vl_dir_loads_as_its_processor(tmp_path):
         MTM.model_config("qwen2_vl")
 
 
+@pytest.mark.control(reason="harness: make_tiny_model.py refuses bad input")
 def test_make_tiny_model_cli_refuses_a_file(tmp_path, capsys):
     f = tmp_path / "file"
     f.write_text("x")
@@ -96,6 +99,7 @@ def test_make_tiny_model_cli_refuses_a_file(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.control(reason="harness: the CPU server's thread binding")
 def test_omp_threads_bind():
     assert CS.omp_threads_bind(2, [0, 1]) == "0|1"
     assert CS.omp_threads_bind(2, range(4)) == "0-1|2-3"
@@ -104,6 +108,7 @@ def test_omp_threads_bind():
         CS.omp_threads_bind(2, [0])
 
 
+@pytest.mark.control(reason="harness: the CPU server's command line and environment")
 def test_server_command_and_env(tmp_path):
     cmd = CS.server_command("/m", port=1234, tp_size=2, dp_encoder=True, python="py")
     assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
@@ -135,6 +140,8 @@ from sglang.srt.runtime_context import get_platform
 out = {"has_gate": hasattr(ms, "_batch_vit_across_requests"),
        "is_hip_global": getattr(ms, "_is_hip", None)}
 if out["has_gate"]:
+    import sglang.srt.multimodal.vision_warmup as vw
+
     class Model:  # built with the DP encoder: its tower splits a call's images
         use_data_parallel = True
 
@@ -147,7 +154,9 @@ if out["has_gate"]:
         publish_cpu_context(tp_size=2, rank=0, dp_encoder=dp)
         res[str(dp)] = {"wrapped": ms._batch_vit_across_requests(encoder),
                         "original": ms._batch_vit_across_requests.__wrapped__(encoder),
-                        "helper": mu.hip_dp_encoder_batches_vit(encoder)}
+                        "helper": mu.hip_dp_encoder_batches_vit(encoder),
+                        "warm_up": list(vw.vision_warm_up_decision(Model())),
+                        "warm_up_original": list(vw.vision_warm_up_decision.__wrapped__(Model()))}
     out["decisions"] = res
 out["platform_is_hip_after"] = bool(get_platform().is_hip)
 print("PROBE" + json.dumps(out))
@@ -164,6 +173,7 @@ def _probe(tree):
     return json.loads(line[0][5:]), proc.stderr
 
 
+@pytest.mark.control(reason="harness: the demo's ROCm simulation on the pristine build (the A/B's base)")
 def test_rocm_gate_hook_on_pristine_forces_the_per_request_branch():
     out, err = _probe(pristine_tree())
     assert out["has_gate"] is False
@@ -176,10 +186,16 @@ def test_rocm_gate_hook_on_series_decides_like_rocm_only_inside_the_gate():
     out, err = _probe(series_tree())
     assert out["has_gate"] is True
     d = out["decisions"]
-    # ROCm + DP encoder + attention-TP 2: batch. ROCm without DP encoder: per-request.
-    assert d["True"] == {"wrapped": True, "original": True, "helper": True}
+    # ROCm + DP encoder + attention-TP 2: batch, and warm up under the gate.
+    rocm = "ROCm, DP encoder, attention-TP 2"
+    assert d["True"] == {"wrapped": True, "original": True, "helper": True,
+                         "warm_up": [True, rocm], "warm_up_original": [True, "batching platform"]}
+    # ROCm without DP encoder: per-request, no warm-up.
     assert d["False"]["wrapped"] is False and d["False"]["helper"] is False
+    assert d["False"]["warm_up"] == [False, "no DP encoder"]
     # Unwrapped, the CPU batches like CUDA: the hook is what makes the difference.
     assert d["False"]["original"] is True
     assert out["platform_is_hip_after"] is False
     assert "series build: mm_schedule._batch_vit_across_requests" in err
+    assert "vision_warmup.vision_warm_up_decision evaluates under" in err
+    assert f"vision_warm_up_decision -> (True, '{rocm}')" in err
