@@ -99,6 +99,7 @@ PACKINGS = {
 }
 
 
+@pytest.mark.control(reason="the per-image attention's equivalence to the masked call (pristine is the masked call)")
 @pytest.mark.parametrize("name", sorted(PACKINGS))
 @pytest.mark.parametrize("single_precision_softmax", [False, True], ids=["sdpa", "fp32-softmax"])
 def test_matches_the_masked_call_within_fp32_rounding(name, single_precision_softmax):
@@ -115,8 +116,14 @@ def test_matches_the_masked_call_within_fp32_rounding(name, single_precision_sof
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", ["several-sizes", "many-equal", "interleaved-equal"])
+# bf16 only with several sizes: equal-length bf16 sequences come out bitwise
+# alone-equal under pristine's masked call too, so those cases could not fail.
+@pytest.mark.parametrize(
+    "name,dtype",
+    [("several-sizes", torch.float32), ("many-equal", torch.float32),
+     ("interleaved-equal", torch.float32), ("several-sizes", torch.bfloat16)],
+    ids=["several-sizes-fp32", "many-equal-fp32", "interleaved-equal-fp32", "several-sizes-bf16"],
+)
 def test_each_sequence_is_bitwise_what_it_gives_alone(name, dtype):
     """Packing neighbours must not change a sequence's rows at all."""
     lengths = PACKINGS[name]
@@ -139,6 +146,7 @@ def test_one_sequence_is_the_plain_unmasked_call():
         assert torch.equal(attn(q, k, v, bsz=1, cu_seqlens=cu), attn(q, k, v, bsz=1))
 
 
+@pytest.mark.control(reason="upstream behaviour the patch keeps: a call without rows")
 def test_a_call_without_rows_gives_an_empty_output():
     q, k, v, _ = _packed_qkv([4], seed=5)
     q, k, v = q[:0], k[:0], v[:0]
@@ -148,6 +156,7 @@ def test_a_call_without_rows_gives_an_empty_output():
     assert out.shape == (0, HEADS, HEAD_DIM)
 
 
+@pytest.mark.control(reason="a path the patch leaves alone: cu_seqlens not covering the call stays masked")
 def test_cu_seqlens_that_does_not_cover_the_call_keeps_the_masked_call():
     q, k, v, _ = _packed_qkv([40, 40], seed=4)
     cu = torch.tensor([0, 30, 60], dtype=torch.int32)  # rows 60..79 in no sequence
@@ -157,6 +166,7 @@ def test_cu_seqlens_that_does_not_cover_the_call_keeps_the_masked_call():
     torch.testing.assert_close(out, ref, equal_nan=True, rtol=0, atol=0)
 
 
+@pytest.mark.control(reason="a path the patch leaves alone: flatten_batch=False keeps its padding mask")
 def test_flatten_batch_false_keeps_its_padding_mask():
     """Without flatten_batch, cu_seqlens gives per-row valid lengths of a padded batch."""
     bsz, s, valid = 3, 24, [24, 10, 17]

@@ -64,26 +64,33 @@ def test_one_process_without_deterministic_inference_batches(models, dtype):
     assert [len(c) for c in calls.calls] == [5]
 
 
-def _dp_worker(rank, world_size, init_method, dtype_name, on):
+def _dp_worker(rank, world_size, init_method):
     from cpu_support import mm_harness as H
     from cpu_support import tiny_qwen3_vl as T
 
-    dtype = getattr(torch, dtype_name)
     T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
     T.init_gloo(rank, world_size, init_method)
-    model = T.build_tiny_qwen3_vl(seed=5, dtype=dtype)
-    requests = [H.make_request(g, seed=80 + i) for i, g in enumerate(GRIDS)]
-    with torch.no_grad(), deterministic(on):
-        H.fresh_embedding_cache()
-        with H.TowerCalls().attach(model.visual) as calls:
-            out = H.run_prefill_embedding(model, requests)
-        alone = H.reference_rows(model, requests)
-    return {"calls": calls.calls, "out": out, "alone": alone}
+    out = {}
+    for dtype in DTYPES:
+        model = T.build_tiny_qwen3_vl(seed=5, dtype=dtype)
+        requests = [H.make_request(g, seed=80 + i) for i, g in enumerate(GRIDS)]
+        with torch.no_grad(), deterministic(True):
+            H.fresh_embedding_cache()
+            with H.TowerCalls().attach(model.visual) as calls:
+                emb = H.run_prefill_embedding(model, requests)
+            alone = H.reference_rows(model, requests)
+        out[str(dtype)] = {"calls": calls.calls, "out": emb, "alone": alone}
+    return out
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_dp_encoder_still_spreads_images_and_is_bitwise(dtype):
-    results = run_on_ranks(_dp_worker, 2, dtype, True, timeout=300)
+@pytest.fixture(scope="module")
+def dp_ranks():
+    return run_on_ranks(_dp_worker, 2, timeout=400)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_dp_encoder_still_spreads_images_and_is_bitwise(dp_ranks, dtype):
+    results = [r[str(dtype)] for r in dp_ranks]
     per_rank_images = [sum(len(c) for c in r["calls"]) for r in results]
     assert sum(per_rank_images) == 5 and min(per_rank_images) >= 1, per_rank_images
     for r in results:
