@@ -210,14 +210,14 @@ def mixed_table(rows: List[dict], ready: Dict[str, dict]) -> str:
     return "\n".join(out)
 
 
-def launch(build: dict, args, log_path: str) -> ServerProcess:
+def launch(build: dict, args, log_path: str, ready_timeout: float) -> ServerProcess:
     if args.cpu:
         return CpuServer(
             args.model_path, log_path=log_path, tp_size=args.tp_size,
             dp_encoder=args.mm_enable_dp_encoder, python=build["python"],
             python_path=[build["target"]] if build["target"] else (),
             simulate_rocm_gate=args.simulate_rocm_gate,
-            ready_timeout=args.ready_timeout,
+            ready_timeout=ready_timeout,
             omp_threads=args.omp_threads,
             # /metrics feeds the "encoder calls" and "images per call" columns
             # (series builds; a pristine build shows n/a).
@@ -231,7 +231,7 @@ def launch(build: dict, args, log_path: str) -> ServerProcess:
     if build["target"]:
         env["PYTHONPATH"] = os.pathsep.join([build["target"]] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return ServerProcess(cmd, env=env, port=port, log_path=log_path,
-                         ready_timeout=args.ready_timeout)
+                         ready_timeout=ready_timeout)
 
 
 def server_revision(server_args: Sequence[str]) -> Optional[str]:
@@ -422,6 +422,75 @@ def write_json_atomic(path: str, data: dict) -> None:
         raise
 
 
+# ---------------------------------------------------------------------------
+# Cold launches: fresh compile caches per launch, ready timeout from launches
+# ---------------------------------------------------------------------------
+
+# Compile caches SGLang's servers write: torch.compile (Inductor) and Triton.
+CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+# aiter reads AITER_JIT_DIR (newer releases) or JIT_WORKSPACE_DIR (older ones).
+AITER_VARS = ("AITER_JIT_DIR", "JIT_WORKSPACE_DIR")
+FIRST_READY_TIMEOUT_S = 1800.0
+READY_TIMEOUT_FACTOR = 3.0
+MIN_READY_TIMEOUT_S = 300.0
+
+
+def count_files(path: str) -> int:
+    return sum(len(files) for _, _, files in os.walk(path)) if os.path.isdir(path) else 0
+
+
+def snapshot_tree(src: str, dest: str) -> dict:
+    """``dest`` := a copy of ``src`` made of hard links (a plain copy across file systems)."""
+    if not os.path.isdir(src):
+        raise ABError(f"--aiter-jit-dir {src} is not a folder")
+    if os.path.exists(dest):
+        shutil.rmtree(dest)
+    t0 = time.monotonic()
+    try:
+        shutil.copytree(src, dest, symlinks=True, copy_function=os.link)
+        how = "hard links"
+    except OSError:
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(src, dest, symlinks=True)
+        how = "copy"
+    return {"source": os.path.abspath(src), "snapshot": os.path.abspath(dest), "how": how,
+            "files": count_files(dest), "seconds": time.monotonic() - t0}
+
+
+def fresh_caches(args, tag: str) -> dict:
+    """New, empty compile-cache folders for one launch (and the aiter snapshot's copy).
+
+    ``cold`` is True when every folder was empty when the server started:
+    nothing an earlier launch compiled can be reused.
+    """
+    root = os.path.join(args.cache_root, tag)
+    if os.path.exists(root):
+        shutil.rmtree(root)
+    env = {}
+    for var in CACHE_VARS:
+        env[var] = os.path.join(root, var.lower())
+        os.makedirs(env[var])
+    if args.aiter_jit_dir:
+        jit = os.path.join(root, "aiter_jit")
+        snapshot_tree(os.path.join(args.cache_root, "aiter-jit-snapshot"), jit)
+        for var in AITER_VARS:
+            env[var] = jit
+    empty = {k: count_files(v) == 0 for k, v in env.items() if k in CACHE_VARS}
+    return {"root": root, "env": env, "cold": all(empty.values()),
+            "aiter_jit": "the snapshot taken before the first launch" if args.aiter_jit_dir else
+                         ("not separated: --aiter-jit-dir not given" if not args.cpu else None)}
+
+
+def ready_timeout_for(args, measured: Sequence[float]) -> float:
+    """``--ready-timeout``, else a few times the slowest launch measured so far
+    (at least 300 s), else 1800 s for the first launch."""
+    if args.ready_timeout is not None:
+        return args.ready_timeout
+    if not measured:
+        return FIRST_READY_TIMEOUT_S
+    return max(MIN_READY_TIMEOUT_S, READY_TIMEOUT_FACTOR * max(measured))
+
+
 def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
     """Every launch of the A/B; ab.json is rewritten after each finished run."""
     os.makedirs(args.out_dir, exist_ok=True)
@@ -441,7 +510,8 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
     state = {"command": command, "builds": builds, "complete": False, "error": None,
              "runs": runs, "config": vars(cfg),
              "warmup_text_config": vars(wcfg) if args.warmup_text_prompts else None,
-             "seed_step": args.seed_step, "prefetch": None, "gpu_memory_before": None}
+             "seed_step": args.seed_step, "prefetch": None, "gpu_memory_before": None,
+             "throwaway": [], "aiter_jit_snapshot": None}
 
     def save() -> None:
         if args.mixed:
@@ -466,48 +536,68 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
             if note:
                 echo(f"GPU memory: {note}; launches will not wait for it to be released")
         save()
+        if args.aiter_jit_dir:
+            state["aiter_jit_snapshot"] = snapshot_tree(
+                args.aiter_jit_dir, os.path.join(args.cache_root, "aiter-jit-snapshot"))
+            echo(f"aiter JIT folder {args.aiter_jit_dir} snapshotted (hard links) before the first launch")
+        launches: List[dict] = []  # every launch, throwaway ones included, for the ready timeout
+
+        def one_launch(build: dict, tag: str, run_no: Optional[int]) -> dict:
+            gpu_wait = None
+            if launches and not args.cpu:
+                gpu_wait = wait_gpu_memory_released(
+                    gpu_before, slack_mib=args.gpu_release_slack_mib,
+                    timeout=args.gpu_release_timeout, echo=echo)
+                if gpu_wait["waited_s"] >= 1:
+                    echo(f"[{tag}] waited {gpu_wait['waited_s']:.1f} s for GPU memory")
+            ready_timeout = ready_timeout_for(args, [x["ready_s"] for x in launches])
+            log_path = os.path.join(args.out_dir, f"{tag}.server.log")
+            srv = launch(build, args, log_path, ready_timeout=ready_timeout)
+            caches = fresh_caches(args, tag)
+            srv.env.update(caches["env"])
+            echo(f"[{tag}] launching ({build['label']}: {build['python']}"
+                 + (f", PYTHONPATH={build['target']}" if build["target"] else "")
+                 + f"; cold caches under {caches['root']}; ready timeout {ready_timeout:.0f} s)")
+            mixed = result = None
+            load_start = None
+            try:
+                ready = srv.start()
+                echo(f"[{tag}] /health 200 after {ready:.1f} s")
+                launches.append({"tag": tag, "ready_s": ready})
+                load_start = os.getloadavg()[0]
+                if run_no is None:
+                    pass  # a throwaway launch: up, then down
+                elif args.mixed:
+                    mixed = B.run_mixed(args, srv.base_url, bench_model,
+                                        echo=lambda m: echo(f"[{tag}] {m}"))
+                else:
+                    result = B.run_bursts(
+                        base_url=srv.base_url, model=bench_model,
+                        tokenizer=args.tokenizer or bench_model,
+                        bursts=args.bursts, cfg=cfg, seed_step=args.seed_step,
+                        warmup_text_prompts=args.warmup_text_prompts, warmup_text_cfg=wcfg,
+                        server_log=log_path, work_dir=os.path.join(args.out_dir, tag),
+                        timeout=args.burst_timeout, echo=lambda m: echo(f"[{tag}] {m}"),
+                    )
+            finally:
+                left = srv.stop()
+                if left:
+                    echo(f"[{tag}] WARNING: processes left after stop: {left}")
+            caches["files_after"] = {k: count_files(v) for k, v in caches["env"].items()}
+            return {"run": run_no, "build": build["label"], "ready_s": ready,
+                    "ready_timeout_s": ready_timeout, "caches": caches,
+                    "server_flags": srv.server_flags, "server_env": _env_of(srv),
+                    "server_log": log_path, "gpu_memory_wait": gpu_wait,
+                    "result": result, "mixed": mixed,
+                    "loadavg": [load_start, os.getloadavg()[0]]}
+
+        if args.throwaway_launch:
+            for build in builds:
+                state["throwaway"].append(one_launch(build, f"throwaway-{build['label']}", None))
+                save()
         for i in range(args.runs):
             for build in builds:
-                tag = f"run{i + 1}-{build['label']}"
-                gpu_wait = None
-                if runs and not args.cpu:
-                    gpu_wait = wait_gpu_memory_released(
-                        gpu_before, slack_mib=args.gpu_release_slack_mib,
-                        timeout=args.gpu_release_timeout, echo=echo)
-                    if gpu_wait["waited_s"] >= 1:
-                        echo(f"[{tag}] waited {gpu_wait['waited_s']:.1f} s for GPU memory")
-                log_path = os.path.join(args.out_dir, f"{tag}.server.log")
-                srv = launch(build, args, log_path)
-                echo(f"[{tag}] launching ({build['label']}: {build['python']}"
-                     + (f", PYTHONPATH={build['target']}" if build["target"] else "") + ")")
-                mixed = None
-                load_start = None
-                try:
-                    ready = srv.start()
-                    echo(f"[{tag}] /health 200 after {ready:.1f} s")
-                    load_start = os.getloadavg()[0]
-                    if args.mixed:
-                        mixed = B.run_mixed(args, srv.base_url, bench_model,
-                                            echo=lambda m: echo(f"[{tag}] {m}"))
-                        result = None
-                    else:
-                        result = B.run_bursts(
-                            base_url=srv.base_url, model=bench_model,
-                            tokenizer=args.tokenizer or bench_model,
-                            bursts=args.bursts, cfg=cfg, seed_step=args.seed_step,
-                            warmup_text_prompts=args.warmup_text_prompts, warmup_text_cfg=wcfg,
-                            server_log=log_path, work_dir=os.path.join(args.out_dir, tag),
-                            timeout=args.burst_timeout, echo=lambda m: echo(f"[{tag}] {m}"),
-                        )
-                finally:
-                    left = srv.stop()
-                    if left:
-                        echo(f"[{tag}] WARNING: processes left after stop: {left}")
-                runs.append({"run": i + 1, "build": build["label"], "ready_s": ready,
-                             "server_flags": srv.server_flags, "server_env": _env_of(srv),
-                             "server_log": log_path, "gpu_memory_wait": gpu_wait,
-                             "result": result, "mixed": mixed,
-                             "loadavg": [load_start, os.getloadavg()[0]]})
+                runs.append(one_launch(build, f"run{i + 1}-{build['label']}", i + 1))
                 save()
     except BaseException as e:
         state["error"] = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -538,6 +628,53 @@ def _server_env(first: dict) -> List[str]:
     return ["- server env: " + ", ".join(f"`{k}={v}`" for k, v in env.items())] if env else []
 
 
+def _launch_lines(ab: dict) -> List[str]:
+    """Report lines: whether every launch was cold, the ready timeouts, throwaway launches."""
+    launches = list(ab.get("throwaway") or []) + list(ab["runs"])
+    with_caches = [r for r in launches if r.get("caches")]
+    if not with_caches:
+        return []
+    cold = [r for r in with_caches if r["caches"]["cold"]]
+    root = os.path.dirname(with_caches[0]["caches"]["root"])
+    aiter = with_caches[0]["caches"].get("aiter_jit")
+    lines = [f"- compile caches: {len(cold)} of {len(with_caches)} launches cold (each its own empty "
+             f"TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR under {root})"
+             + (f"; aiter JIT: {aiter}" if aiter else "")]
+    timeouts = sorted({round(r["ready_timeout_s"]) for r in with_caches})
+    lines.append("- ready timeouts (s): " + ", ".join(str(t) for t in timeouts))
+    if ab.get("throwaway"):
+        lines.append("- untimed throwaway launches first: " + ", ".join(
+            f"{r['build']} {r['ready_s']:.1f} s" for r in ab["throwaway"]))
+    return lines
+
+
+def _burst_image_lines(ab: dict, labels: Sequence[str]) -> List[str]:
+    """Report lines: which images the later bursts sent, and the encoder-cache hits."""
+    first = ab["runs"][0]["result"]["bursts"]
+    if len(first) < 2:
+        return []
+    later = first[1:]
+    if all(b.get("same_images_as_burst") for b in later):
+        which = "burst 2 sends" if len(first) == 2 else f"bursts 2-{len(first)} send"
+        what = (f"{which} burst 1's images again (seed {first[0]['seed']}, the seed's protocol; "
+                "--seed-step 1 for fresh ones)")
+    else:
+        what = "every burst sends fresh images (seeds " + ", ".join(str(b["seed"]) for b in first) + ")"
+    lines = [f"- burst images: {what}"]
+    for label in labels:
+        hits = []
+        for r in ab["runs"]:
+            if r["build"] != label or not r.get("result"):
+                continue
+            for b in r["result"]["bursts"][1:]:
+                h = b["stats"].get("encoder_cache_hits")
+                hits.append("n/a" if h is None else f"{h}/{b['stats']['images_sent']}")
+        if hits:
+            lines.append(f"- encoder-cache hits in bursts 2+ (images sent minus images encoded, "
+                         f"from /metrics), {label}: " + "; ".join(hits))
+    return lines
+
+
 def mixed_ab_report(ab: dict, builds: List[dict], command: str) -> str:
     first = ab["runs"][0]
     m = first["mixed"]
@@ -558,6 +695,7 @@ def mixed_ab_report(ab: dict, builds: List[dict], command: str) -> str:
         f"seed {cfg['seed']}")
     order = " ".join(r["build"] for r in ab["runs"])
     lines.append(f"- runs: {len(ab['runs']) // len(builds)} per build, order {order}")
+    lines.extend(_launch_lines(ab))
     lines.append(f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}")
     lines += ["", mixed_table(ab["mixed_rows"], ab["ready_s"])]
     return "\n".join(lines) + "\n"
@@ -590,6 +728,8 @@ def report(ab: dict, builds: List[dict], command: str) -> str:
     )
     order = " ".join(r["build"] for r in ab["runs"])
     lines.append(f"- runs: {len(ab['runs']) // len(builds)} per build, order {order}")
+    lines.extend(_launch_lines(ab))
+    lines.extend(_burst_image_lines(ab, [b["label"] for b in builds]))
     lines.append(f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}")
     lines += ["", table(ab["rows"], ab["ready_s"])]
     return "\n".join(lines) + "\n"
@@ -624,8 +764,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-text-output-len", type=int)
     p.add_argument("--torch-logs", default="recompiles,dynamo",
                    help="TORCH_LOGS for the server (compiles after ready are counted from it)")
-    p.add_argument("--ready-timeout", type=float, default=1800.0,
-                   help="seconds from launch to /health 200 (the model is fetched before)")
+    p.add_argument("--ready-timeout", type=float, default=None,
+                   help="seconds from launch to /health 200 (default: 1800 for the first launch, "
+                        "then 3x the slowest launch so far, at least 300; the model is fetched before)")
+    p.add_argument("--prefetch-only", action="store_true",
+                   help="fetch the model (the --revision after --) and stop: run it first, under its "
+                        "own time limit, so no download falls inside the A/B's")
+    p.add_argument("--throwaway-launch", action="store_true",
+                   help="one untimed launch of each build first (for JIT caches that cannot be "
+                        "pointed elsewhere); also gives the ready timeout its first measurement")
+    p.add_argument("--aiter-jit-dir",
+                   help="ROCm: aiter's JIT folder; snapshotted (hard links) before the first launch, "
+                        "and every launch gets its own copy as AITER_JIT_DIR / JIT_WORKSPACE_DIR")
+    p.add_argument("--cache-root",
+                   help="where each launch's fresh TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR go "
+                        "(default OUT_DIR/caches)")
     p.add_argument("--burst-timeout", type=float,
                    help="seconds per bench_serving run (default: derived from the burst, "
                         "see bench_image_burst.burst_timeout_s; 272 s for the seed's)")
@@ -690,6 +843,11 @@ def parse(argv=None):
             p.error(f"--{name.replace('_', '-')} must be > 0")
     if args.gpu_release_slack_mib < 0:
         p.error("--gpu-release-slack-mib must be >= 0")
+    if args.aiter_jit_dir and not os.path.isdir(args.aiter_jit_dir):
+        p.error(f"--aiter-jit-dir {args.aiter_jit_dir} is not a folder")
+    if args.prefetch_only and args.cpu:
+        p.error("--prefetch-only fetches a GPU model; --cpu models are local folders")
+    args.cache_root = os.path.abspath(args.cache_root or os.path.join(args.out_dir, "caches"))
     return args
 
 
@@ -753,6 +911,15 @@ def main(argv=None) -> int:
 
 def _main(argv=None) -> int:
     args = parse(argv)
+    if args.prefetch_only:
+        try:
+            got = prefetch_model(args.model_path, server_revision(args.server_args))
+        except ABError as e:
+            print(f"ab_image_burst: {e}", file=sys.stderr)
+            return 1
+        os.makedirs(args.out_dir, exist_ok=True)
+        write_json_atomic(os.path.join(args.out_dir, "prefetch.json"), got)
+        return 0
     try:
         builds = describe_builds(args)
     except ABError as e:

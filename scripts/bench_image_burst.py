@@ -535,6 +535,16 @@ def summarize_record(record: Optional[dict], num_prompts: int, rc: int, tail: st
     return stats
 
 
+def cache_hits(cfg: BurstConfig, encoder: Optional[dict], completed: int) -> dict:
+    """Images the burst's completed requests sent, and how many of them the
+    encoder did not run on (served from SGLang's multimodal embedding cache):
+    sent minus the images the series' ``sglang:mm_encoder_call_images`` counted
+    in the burst. ``None`` without those metrics (pristine, metrics off)."""
+    sent = completed * cfg.image_count
+    hits = None if not encoder else max(0, sent - encoder["images"])
+    return {"images_sent": sent, "encoder_cache_hits": hits}
+
+
 def first_error(record: Optional[dict], stats: dict) -> str:
     """One line saying why requests failed: the harness's note or the first error."""
     if stats.get("harness_error"):
@@ -648,7 +658,10 @@ def run_bursts(
         stats["images_per_rank"] = images_per_rank(encoder)  # from /metrics
         stats["wall_s"] = time.time() - t0
         stats["encoder"] = encoder  # from /metrics; None without the series' metrics
+        stats.update(cache_hits(cfg, encoder, stats["completed"]))
+        same = [b["burst"] for b in result["bursts"] if b["seed"] == bcfg.seed]
         result["bursts"].append({"burst": k + 1, "seed": bcfg.seed, "command": cmd,
+                                 "same_images_as_burst": same[0] if same else None,
                                  "stats": stats, "bench_serving": rec})
     if cursor is not None:
         take_log()

@@ -18,8 +18,17 @@ needs a GPU, and keeps the preconditions a real GPU server has:
   holds neither PNG nor JPEG bytes, as a real server's loader fails) and
   ``/metrics``. When the sglang
   on its ``PYTHONPATH`` has the series applied (``series.py status``),
-  ``/metrics`` exports the series' encoder series, each request one call with
-  its images dealt over ``--tp-size`` ranks; a pristine tree exports none.
+  ``/metrics`` exports the series' encoder series through the tree's own
+  metrics class (``sglang.srt.observability.vit_batch_metrics
+  .ViTEncoderCallMetrics``, with the labels a scheduler gives it), each
+  request one encoder call whose images go to ranks by the tree's DP-encoder
+  load balancer (``mm_utils.get_dp_encoder_lb_assignment`` over the images'
+  patch counts), every rank recording its share as the series does; a
+  pristine tree exports none;
+* at start it records the compile-cache folders it was given
+  (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``AITER_JIT_DIR``) and
+  the files in them in ``$STUB_STATE_DIR/launch-N.json``, then writes one
+  file into each, as a compiling server would.
 
 Extra flags (after ``--`` in the harness): ``--stub-fail-launch N`` exits at
 the Nth start counted in ``$STUB_STATE_DIR``; ``--stub-chat-status CODE``
@@ -93,6 +102,18 @@ def _decodable(url: str) -> bool:
     return raw.startswith(b"\x89PNG\r\n\x1a\n") or raw.startswith(b"\xff\xd8\xff")
 
 
+def _patches(url: str) -> int:
+    """16-px patches of a PNG data URI's image (its IHDR width and height)."""
+    import base64
+    import struct
+
+    raw = base64.b64decode(url.split(",", 1)[1][:64])
+    if not raw.startswith(b"\x89PNG"):
+        return 1  # a JPEG: its size is not needed for the stub's split
+    width, height = struct.unpack(">II", raw[16:24])
+    return max(1, round(width / 32)) * 2 * max(1, round(height / 32)) * 2
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model-path", required=True)
@@ -118,19 +139,29 @@ def main():
         print("torch.OutOfMemoryError: the previous server's memory is still in use", flush=True)
         sys.exit(1)
     _gpu({"in_use": True, "release_at": 0})
+    caches = {}
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "AITER_JIT_DIR"):
+        path = os.environ.get(var)
+        if path:
+            caches[var] = {"path": path, "files_at_start": sorted(
+                os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)}
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, f"compiled-by-launch-{n}"), "w") as f:
+                f.write("stub")
+    with open(_state(f"launch-{n}.json"), "w") as f:
+        json.dump({"caches": caches}, f)
 
     import prometheus_client as pc
 
-    reg = pc.CollectorRegistry()
     series = _series_on_path()
     if series:
-        calls = pc.Counter("sglang:mm_encoder_calls", "calls", ["path"], registry=reg)
-        images = pc.Histogram("sglang:mm_encoder_call_images", "images per call",
-                              buckets=[1, 2, 3, 4, 8, 16], registry=reg)
-        ranks = pc.Counter("sglang:mm_encoder_rank_images", "images per rank", ["rank"],
-                           registry=reg)
+        from sglang.srt.multimodal.mm_utils import get_dp_encoder_lb_assignment
+        from sglang.srt.observability.vit_batch_metrics import ViTEncoderCallMetrics
+
+        # The labels SGLang's scheduler metrics carry (scheduler_metric_labels()).
+        metrics = ViTEncoderCallMetrics({"model_name": args.model_path, "engine_type": "unified",
+                                         "tp_rank": 0, "pp_rank": 0})
     lock = threading.Lock()
-    dealt = [0]
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -150,7 +181,7 @@ def main():
             elif self.path == "/v1/models":
                 self._send(200, json.dumps({"data": [{"id": args.model_path}]}))
             elif self.path == "/metrics":
-                self._send(200, pc.generate_latest(reg).decode(), "text/plain")
+                self._send(200, pc.generate_latest(pc.REGISTRY).decode(), "text/plain")
             else:
                 self._send(404, "{}")
 
@@ -171,12 +202,13 @@ def main():
                 self._send(400, json.dumps({"error": "stub: cannot decode the image"}))
                 return
             if k and series:
+                sizes = [_patches(c["image_url"]["url"]) for c in content
+                         if isinstance(c, dict) and c.get("type") == "image_url"]
+                _, per_rank, _ = get_dp_encoder_lb_assignment(sizes, args.tp_size)
                 with lock:
-                    calls.labels(path="batched").inc()
-                    images.observe(k)
-                    for _ in range(k):
-                        ranks.labels(rank=str(dealt[0] % args.tp_size)).inc()
-                        dealt[0] += 1
+                    metrics.observe_call("batched", requests=1, images=k, patches=sum(sizes))
+                    for rank, count in enumerate(per_rank):
+                        metrics.observe_rank_images(rank, count)
             out = int(body.get("max_completion_tokens") or 4)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")

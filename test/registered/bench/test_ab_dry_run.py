@@ -10,12 +10,19 @@ state) and the model download (``huggingface_hub.snapshot_download``, which
 here writes the tiny model into a private cache as the pinned commit, and no
 ``refs/main``, as a pinned download does).
 
-One A/B of two runs (no text warm-up, one burst of two requests) whose third
+One A/B of two runs (no text warm-up, two bursts of two requests) whose third
 launch fails checks, in one go:
 the untimed pre-fetch before the first launch (issue 11, item 6); every
 request completing offline although "main" is not cached (item 1); the wait
 for GPU memory between launches (item 5); ab.json holding every finished run
-after a failed launch (item 4); images per rank from ``/metrics`` (item 7).
+after a failed launch (item 4); images per rank and encoder calls from
+``/metrics`` as the series tree's own metrics class exports them (item 7);
+every launch cold, with its own empty compile-cache folders, and the ready
+timeout derived from the first launch (issue 19); burst 2 sending burst 1's
+images with its encoder-cache hits counted.
+
+These are tests of the harness: both trees are explicit ``--target`` folders,
+so the SGLang the test process imports does not change the result.
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -30,6 +37,9 @@ import sys  # noqa: E402
 
 import huggingface_hub  # noqa: E402
 import pytest  # noqa: E402
+
+pytestmark = pytest.mark.control(
+    reason="harness dry run: both trees are explicit --target folders, independent of the SGLang under test")
 
 import ab_image_burst as AB  # noqa: E402
 from cpu_support.make_tiny_model import make_tiny_model  # noqa: E402
@@ -97,21 +107,21 @@ def gpu_box(tmp_path, monkeypatch):
     return {"python": python, "out": out, "fetches": fetches, "state": state}
 
 
-def _argv(box, *server_flags, runs=2, warmup=0):
+def _argv(box, *server_flags, runs=2, warmup=0, bursts=1, ready_timeout=("--ready-timeout", "60")):
     return [
-        "--runs", str(runs), "--bursts", "1", "--num-prompts", "2", "--max-concurrency", "2",
+        "--runs", str(runs), "--bursts", str(bursts), "--num-prompts", "2", "--max-concurrency", "2",
         "--image-resolution", "224x224", "--input-len", "32", "--output-len", "4",
         "--warmup-text-prompts", str(warmup),
         "--a-python", box["python"], "--a-target", pristine_tree(), "--a-label", "base",
         "--b-python", box["python"], "--b-target", series_tree(), "--b-label", "series",
         "--model-path", REPO_ID, "--out-dir", str(box["out"]),
-        "--ready-timeout", "60", "--gpu-release-timeout", "30",
+        *ready_timeout, "--gpu-release-timeout", "30",
         "--", "--revision", SHA, "--tp-size", "2", *server_flags,
     ]
 
 
 def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, capsys):
-    rc = AB.main(_argv(gpu_box, "--stub-fail-launch", "3"))
+    rc = AB.main(_argv(gpu_box, "--stub-fail-launch", "3", bursts=2, ready_timeout=()))
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
     assert len(err) == 1 and "server exited with code 1" in err[0], err
@@ -133,7 +143,7 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
     # Item 1: every request completed, although only the pinned commit is cached.
     for r in ab["runs"]:
         res = r["result"]
-        assert [(b["stats"]["completed"], b["stats"]["failed"]) for b in res["bursts"]] == [(2, 0)]
+        assert [(b["stats"]["completed"], b["stats"]["failed"]) for b in res["bursts"]] == [(2, 0), (2, 0)]
         cmd = res["bursts"][0]["command"]
         assert cmd[cmd.index("--tokenizer") + 1] == ab["prefetch"]["local_dir"]
 
@@ -144,11 +154,37 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
     wait = ab["runs"][1]["gpu_memory_wait"]
     assert wait["waited_s"] >= 1.0 and wait["used_mib"] == {"0": 300.0, "1": 300.0}
 
-    # Item 7: images per rank from /metrics: the series build exports them, pristine does not.
+    # Item 7: images per rank and calls from /metrics, as the series tree's own
+    # ViTEncoderCallMetrics exports them (all its labels); pristine exports none.
+    # Each one-image request is one call, and the DP load balancer puts a lone
+    # image on rank 0; rank 1 records its empty share.
     base, series = (r["result"]["bursts"][0]["stats"] for r in ab["runs"])
     assert base["images_per_rank"] is None and base["encoder"] is None
-    assert series["images_per_rank"] == [1, 1]
-    assert series["encoder"]["rank_images"] == {"0": 1, "1": 1}
+    assert series["images_per_rank"] == [2, 0]
+    assert series["encoder"]["rank_images"] == {"0": 2, "1": 0}
+    assert series["encoder"]["calls_by_path"] == {"batched": 2} and series["encoder"]["images"] == 2
+
+    # Burst 2 sends burst 1's images (the seed's protocol); hits = sent - encoded.
+    b1, b2 = ab["runs"][1]["result"]["bursts"]
+    assert (b1["seed"], b2["seed"], b2["same_images_as_burst"]) == (42, 42, 1)
+    assert (b2["stats"]["images_sent"], b2["stats"]["encoder_cache_hits"]) == (2, 0)
+    assert ab["runs"][0]["result"]["bursts"][1]["stats"]["encoder_cache_hits"] is None
+    assert "- burst images: burst 2 sends burst 1's images again (seed 42" in md
+    assert "from /metrics), series: 0/2" in md and "from /metrics), base: n/a" in md
+
+    # Issue 19: every launch cold (its own empty Inductor and Triton folders,
+    # which the server then filled), and the ready timeout: 1800 s for the
+    # first launch, then 3x the slowest launch so far, at least 300 s.
+    seen = [json.loads((gpu_box["state"] / f"launch-{n}.json").read_text())["caches"] for n in (1, 2)]
+    for var in AB.CACHE_VARS:
+        assert seen[0][var]["path"] != seen[1][var]["path"]
+        assert seen[0][var]["files_at_start"] == seen[1][var]["files_at_start"] == []
+    for r, got in zip(ab["runs"], seen):
+        assert r["caches"]["cold"] is True
+        assert {v: r["caches"]["env"][v] for v in AB.CACHE_VARS} == {v: got[v]["path"] for v in AB.CACHE_VARS}
+        assert r["caches"]["files_after"] == {v: 1 for v in AB.CACHE_VARS}
+    assert [r["ready_timeout_s"] for r in ab["runs"]] == [1800.0, 300.0]
+    assert "- compile caches: 2 of 2 launches cold" in md
 
 
 def test_warm_up_completing_nothing_stops_the_whole_ab(gpu_box, capsys):

@@ -25,6 +25,8 @@ import ab_image_burst as AB  # noqa: E402
 import bench_image_burst as B  # noqa: E402
 from cpu_support.make_tiny_model import make_tiny_model  # noqa: E402
 
+pytestmark = pytest.mark.control(reason="the A/B harness's own launch-side pieces; no SGLang code under test")
+
 SCRIPTS = os.path.dirname(os.path.abspath(AB.__file__))
 
 # A fake smi: prints the file's text, or fails when told to.
@@ -233,3 +235,54 @@ def test_pinned_snapshot_is_what_bench_serving_loads_offline(tmp_path):
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[0] == "Qwen3VLProcessor"
+
+
+# ---------------------------------------------------------------- issue 19: cold launches
+
+
+def test_every_launch_gets_empty_caches_and_its_own_aiter_snapshot_copy(tmp_path):
+    jit = tmp_path / "aiter-jit"
+    jit.mkdir()
+    (jit / "module_prebuilt.so").write_text("shipped with the image")
+    args = AB.parse(["--model-path", "m", "--out-dir", str(tmp_path / "ab"), "--aiter-jit-dir", str(jit)])
+    assert args.cache_root == str(tmp_path / "ab" / "caches")
+    snap = AB.snapshot_tree(str(jit), os.path.join(args.cache_root, "aiter-jit-snapshot"))
+    assert (snap["how"], snap["files"]) == ("hard links", 1)
+    first = AB.fresh_caches(args, "run1-base")
+    assert first["cold"] is True and first["env"]["AITER_JIT_DIR"] == first["env"]["JIT_WORKSPACE_DIR"]
+    # The first server compiles into its folders and builds an aiter module.
+    for var in AB.CACHE_VARS:
+        (tmp_path / first["env"][var] / "kernel").write_text("compiled")
+    (tmp_path / first["env"]["AITER_JIT_DIR"] / "module_built_at_runtime.so").write_text("built")
+    second = AB.fresh_caches(args, "run1-series")
+    assert second["cold"] is True
+    assert {v: AB.count_files(second["env"][v]) for v in AB.CACHE_VARS} == {v: 0 for v in AB.CACHE_VARS}
+    assert sorted(os.listdir(second["env"]["AITER_JIT_DIR"])) == ["module_prebuilt.so"]
+    assert os.stat(os.path.join(second["env"]["AITER_JIT_DIR"], "module_prebuilt.so")).st_ino \
+        == os.stat(jit / "module_prebuilt.so").st_ino
+    assert sorted(os.listdir(jit)) == ["module_prebuilt.so"]  # the image's folder is untouched
+
+
+def test_ready_timeout_is_a_few_times_the_slowest_launch():
+    args = AB.parse(["--model-path", "m"])
+    assert args.ready_timeout is None
+    assert AB.ready_timeout_for(args, []) == 1800.0
+    assert AB.ready_timeout_for(args, [40.0]) == 300.0
+    assert AB.ready_timeout_for(args, [240.0, 231.0]) == 720.0
+    assert AB.ready_timeout_for(AB.parse(["--model-path", "m", "--ready-timeout", "90"]), [240.0]) == 90.0
+
+
+def test_prefetch_only_fetches_and_launches_nothing(tmp_path, monkeypatch):
+    calls = []
+
+    def fetch(repo_id, revision=None, **kwargs):
+        calls.append((repo_id, revision))
+        return str(tmp_path / "snap")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fetch)
+    out = tmp_path / "ab"
+    rc = AB.main(["--prefetch-only", "--model-path", "org/model", "--out-dir", str(out),
+                  "--", "--revision", "abc123", "--tp-size", "2"])
+    assert rc == 0 and calls == [("org/model", "abc123")]
+    assert json.loads((out / "prefetch.json").read_text())["local_dir"] == str(tmp_path / "snap")
+    assert sorted(p.name for p in out.iterdir()) == ["prefetch.json"]

@@ -3,7 +3,8 @@
 The same GPU box as ``test_ab_dry_run.py`` (stub ``launch_server``, fake
 ``nvidia-smi``, pinned-revision download into a private cache, the real
 pristine and series trees): two alternating runs of mixed bursts, each with a
-bad image the server refuses.
+bad image the server refuses. The series build's ``/metrics`` come from the
+series tree's own ``ViTEncoderCallMetrics`` (see ``stub_gpu_server.py``).
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -12,9 +13,14 @@ register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
 
+import pytest  # noqa: E402
+
 import ab_image_burst as AB  # noqa: E402
 from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
 from test_ab_dry_run import REPO_ID, SHA, gpu_box  # noqa: E402,F401  (the fixture)
+
+pytestmark = pytest.mark.control(
+    reason="harness dry run: both trees are explicit --target folders, independent of the SGLang under test")
 
 
 def test_mixed_ab_on_the_gpu_path(gpu_box, capsys):  # noqa: F811
@@ -47,7 +53,10 @@ def test_mixed_ab_on_the_gpu_path(gpu_box, capsys):  # noqa: F811
     # the series' /metrics count only the good requests' images (4 per burst)
     base, series = ab["runs"][0]["mixed"]["stats"], ab["runs"][1]["mixed"]["stats"]
     assert base["encoder"] is None
-    assert series["encoder"]["images"] == 12
+    assert series["encoder"]["images"] == 12 and series["encoder"]["calls_by_path"] == {"batched": 12}
+    # every rank records its share of every call, the lone image of a call on rank 0
+    assert series["encoder"]["rank_images"] == {"0": 12, "1": 0}
+    assert all(r["caches"]["cold"] for r in ab["runs"])
     rows = {r["build"]: r for r in ab["mixed_rows"]}
     assert rows["base"]["runs"] == rows["series"]["runs"] == 2
     md = (gpu_box["out"] / "ab.md").read_text()
