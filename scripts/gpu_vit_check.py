@@ -138,17 +138,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):
-    """SGLang's runtime context, one-rank groups and the model, on ``device``."""
-    import torch
-
+def make_config(vision: dict):
+    """The Qwen3-VL config with ``vision`` and a one-layer text part, written to a folder."""
     from sglang.srt.configs.qwen3_vl import Qwen3VLConfig
-    from sglang.srt.distributed.parallel_state import (
-        init_distributed_environment,
-        initialize_model_parallel,
-    )
-    from sglang.srt.runtime_context import SpawnRanks, publish
-    from sglang.srt.server_args import ServerArgs
 
     # The text side only has to build: the tiny model's one small layer, at the
     # tower's out_hidden_size.
@@ -160,25 +152,47 @@ def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):
     config.architectures = ["Qwen3VLForConditionalGeneration"]
     model_dir = tempfile.mkdtemp(prefix="gpu-vit-check-")
     config.save_pretrained(model_dir)
+    return config, model_dir
+
+
+def init_ranks(device: str, model_dir: str, attention_backend, *, tp_size: int = 1, rank: int = 0,
+               local_rank: int = 0, init_method: Optional[str] = None, dp_encoder: bool = False) -> None:
+    """SGLang's runtime context and model-parallel groups for rank ``rank`` of ``tp_size``
+    (nccl on cuda, gloo on cpu)."""
+    import torch
+
+    from sglang.srt.distributed.parallel_state import (
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from sglang.srt.runtime_context import SpawnRanks, publish
+    from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
         model_path=model_dir,
         device=device,
-        tp_size=1,
+        tp_size=tp_size,
         mm_attention_backend=attention_backend,
+        mm_enable_dp_encoder=dp_encoder,
         disable_custom_all_reduce=True,
     )
-    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0))
+    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
     if device == "cuda":
-        torch.cuda.set_device(0)
+        torch.cuda.set_device(local_rank)
     init_distributed_environment(
-        world_size=1,
-        rank=0,
-        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}",
-        local_rank=0,
+        world_size=tp_size,
+        rank=rank,
+        distributed_init_method=init_method or f"tcp://127.0.0.1:{_free_port()}",
+        local_rank=local_rank,
         backend="nccl" if device == "cuda" else "gloo",
     )
     initialize_model_parallel(backend="nccl" if device == "cuda" else "gloo")
+
+
+def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):
+    """SGLang's runtime context, one-rank groups and the model, on ``device``."""
+    config, model_dir = make_config(vision)
+    init_ranks(device, model_dir, attention_backend)
     return build_model(config, device, dtype, seed=seed), config
 
 

@@ -1,0 +1,57 @@
+"""scripts/gpu_vit_dp_step.py dry-run: the TP2 DP-encoder ViT step on two gloo ranks.
+
+The GPU benchmark's own code path (two ranks, SGLang's real Qwen3-VL model
+built at attention-TP 2 with ``--mm-enable-dp-encoder``, the real prefill-step
+function and DP runner), tiny sizes on the CPU. Per-request calls put every
+one-image call on one rank; the cross-request call splits the burst's images
+over both ranks as the DP encoder's load balancer assigns them.
+"""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=45, suite="stage-a-test-cpu")
+
+import json  # noqa: E402
+
+import gpu_vit_dp_step as D  # noqa: E402
+
+BURST = "64x64:3,128x64:2"  # 5 requests: 16 and 32 patches, interleaved
+
+
+def test_dry_run_per_request_vs_one_cross_request_call(tmp_path):
+    out = tmp_path / "new" / "dir"
+    assert D.main(["--dry-run", "--repeats", "1", "--burst", BURST, "--out", str(out)]) == 0
+    report = json.loads((out / "vit_dp_step.json").read_text())
+    grids = [tuple(g) for g in D.U.burst_grids(D.U.parse_burst(BURST))]
+    sizes = [D.U.patches(g) for g in grids]
+    assert report["ranks"] == 2 and report["requests"] == 5 and report["patches"] == sum(sizes)
+    paths = {p["path"]: p for p in report["paths"]}
+
+    # Per request: 5 encoder calls of one image each; the DP runner gives a lone image to rank 0.
+    per = paths["per-request"]
+    assert per["encoder_calls"] == 5
+    assert per["tower_calls_per_rank"] == [5, 0] and per["images_per_rank"] == [5, 0]
+    assert per["patches_per_rank"] == [sum(sizes), 0]
+
+    # One cross-request call: both ranks' towers run once, on the load balancer's shares.
+    from sglang.srt.multimodal.mm_utils import get_dp_encoder_lb_assignment
+
+    _, counts, loads = get_dp_encoder_lb_assignment(sizes, 2)
+    bat = paths["batched"]
+    assert bat["encoder_calls"] == 1 and bat["tower_calls_per_rank"] == [1, 1]
+    assert bat["images_per_rank"] == list(counts) and bat["patches_per_rank"] == list(loads)
+    assert min(counts) > 0
+
+    for p in report["paths"]:
+        assert len(p["peak_mib_per_rank"]) == 2
+        assert p["warm_min_ms"] <= p["warm_median_ms"] <= p["warm_max_ms"]
+    md = (out / "vit_dp_step.md").read_text()
+    assert "| per-request | 5 | 5 / 0 | 5 / 0 |" in md
+    assert f"| batched | 1 | 1 / 1 | {counts[0]} / {counts[1]} |" in md
+
+
+def test_outside_torchrun_without_dry_run_is_one_line(capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    assert D.main(["--repeats", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["gpu_vit_dp_step: run it under torchrun --nproc-per-node 2 (or --dry-run on the CPU)"]
