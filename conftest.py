@@ -42,6 +42,13 @@ def pytest_collection_modifyitems(session, config, items):
             )
 
 
+def pytest_collectreport(report):
+    # A module that cannot even be collected (e.g. it imports a module only
+    # the series has) counts as one error under the module's id.
+    if os.environ.get(REPORT_ENV) and report.failed:
+        _outcomes.setdefault(report.nodeid, {})["outcome"] = "error"
+
+
 def pytest_runtest_logreport(report):
     if not os.environ.get(REPORT_ENV):
         return
