@@ -45,7 +45,7 @@ def test_mixed_ab_on_the_gpu_path(gpu_box, capsys):  # noqa: F811
         # every good request served, every bad one refused by the server
         assert (st["bursts_served"], st["completed"], st["failed"]) == (3, 12, 0)
         assert (st["bad_requests"], st["bad_accepted"]) == (3, 0)
-        assert st["bursts_per_min"] > 0 and st["p99_ttft_ms"] >= st["p50_ttft_ms"]
+        assert st["p99_ttft_ms"] >= st["p50_ttft_ms"]
         assert r["mixed"]["warmup"]["stats"]["bursts_served"] == 1
         assert len(r["loadavg"]) == 2
         kinds = [q["kind"] for q in r["mixed"]["requests"]]

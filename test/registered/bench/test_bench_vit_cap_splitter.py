@@ -23,7 +23,6 @@ def test_splitter_only_prints_the_three_rows_with_equal_calls(capsys):
     # 64-patch images, 16384 patches per rank, 2 ranks: 512 images per call
     assert [r["calls"] for r in rows] == [1, 1, 2]
     assert all(r["same_groups"] for r in rows)
-    assert all(r["now_ms"] >= 0 and r["prefix_ms"] > 0 for r in rows)
     table = [ln for ln in out.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
     assert [ln.split("|")[1].strip() for ln in table] == ["64", "512", "1024"]
     assert all(ln.rstrip(" |").endswith("yes") for ln in table)

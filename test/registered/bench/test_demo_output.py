@@ -13,6 +13,10 @@ import os  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
+import pytest  # noqa: E402
+
+pytestmark = pytest.mark.control(reason="the demo terminal's output routing (harness)")
+
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "scripts")
 
 NOISY = r"""

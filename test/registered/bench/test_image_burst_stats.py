@@ -9,6 +9,8 @@ import pytest  # noqa: E402
 import ab_image_burst as AB  # noqa: E402
 import bench_image_burst as B  # noqa: E402
 
+pytestmark = pytest.mark.control(reason="statistics and report plumbing of the burst harness")
+
 
 def test_burst_stats_counts_failures_and_uses_completed_only():
     ttfts = [0.1, 0.2, 0.0, 0.4]          # seconds; the failed one has no TTFT

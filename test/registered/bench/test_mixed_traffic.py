@@ -12,6 +12,8 @@ from PIL import Image  # noqa: E402
 
 import bench_image_burst as B  # noqa: E402
 
+pytestmark = pytest.mark.control(reason="the mixed-traffic plan and its statistics (harness)")
+
 
 def _cfg(**kw):
     base = dict(bursts=6, burst_size=8, repeats=2, bad=1, min_width=32, max_width=448,

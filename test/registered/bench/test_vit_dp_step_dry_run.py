@@ -13,6 +13,8 @@ register_cpu_ci(est_time=45, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
 
+import pytest  # noqa: E402
+
 import gpu_vit_dp_step as D  # noqa: E402
 
 BURST = "64x64:3,128x64:2"  # 5 requests: 16 and 32 patches, interleaved
@@ -50,6 +52,7 @@ def test_dry_run_per_request_vs_one_cross_request_call(tmp_path):
     assert f"| batched | 1 | 1 / 1 | {counts[0]} / {counts[1]} |" in md
 
 
+@pytest.mark.control(reason="argument check of the script")
 def test_outside_torchrun_without_dry_run_is_one_line(capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     assert D.main(["--repeats", "1"]) == 2

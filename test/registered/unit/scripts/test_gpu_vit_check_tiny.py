@@ -200,6 +200,7 @@ _OBSERVE_PEAK_START = textwrap.dedent("""
 """)
 
 
+@pytest.mark.control(reason="the check's own measurement order (cache emptied before the start value)")
 def test_peak_memory_starts_from_an_empty_embedding_cache(tmp_path):
     probe = tmp_path / "observe_peak_start.py"
     probe.write_text(_OBSERVE_PEAK_START)
@@ -215,6 +216,7 @@ def test_peak_memory_starts_from_an_empty_embedding_cache(tmp_path):
     assert seen["cached_at_start"] == [0, 0], seen
 
 
+@pytest.mark.control(reason="argument checks of the script")
 @pytest.mark.parametrize("bad", [["--caps", "0"], ["--burst", "100x64:2"], ["--repeats", "0"], ["--sdpa-images", "1"]])
 def test_bad_input_is_one_clear_line(bad):
     proc = subprocess.run(
