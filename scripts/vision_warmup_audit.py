@@ -196,6 +196,8 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
         vision_warm_up_plan,
         warm_up_vision_tower,
     )
+    from sglang.srt.multimodal.modality import Modality
+    from sglang.srt.multimodal.vit_batching import dp_encoder_of
     from sglang.srt.utils.common import DynamicGradMode
 
     family = FAMILIES[family_name]
@@ -241,7 +243,8 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
     result["warm_compiles"] = frames() - result["before"]
     result["entries_after_warm_up"] = {k: _cache_entries(f) for k, f in fns.items()}
 
-    if plan.dp_runner != "mrope":
+    dp = dp_encoder_of(model, Modality.IMAGE)
+    if dp is None or dp.runner != "mrope":
         # A runner of the model's own: its rank share is not a tower call
         # this sweep can reproduce; report the warm-up only.
         result.update(per_call=None, sweep_compiles=None, sweep_s=0.0)

@@ -271,17 +271,37 @@ DECISION_PLATFORMS = ("ROCm", "CUDA", "NPU", "XPU", "CPU")
 
 
 class DecisionModel:
-    """The two facts the decisions read from a loaded model: its class (for
-    the warm-up plan; this one has none) and the DP-encoder choice it made
-    when it was built (``use_data_parallel``, absent when it never reads the
-    flag). Its encoder must never run."""
+    """The facts the decisions read from a loaded model, and nothing else: its
+    class (a subclass of SGLang's ``Qwen3VLForConditionalGeneration``, a
+    data-parallel family with a warm-up plan, built without its layers), a
+    vision tower attribute, and the DP-encoder choice it made when it was
+    built (``use_data_parallel``: the flag, False, or absent for a model that
+    never reads it). Its encoder must never run."""
 
-    def __init__(self, use_data_parallel=None):
-        if use_data_parallel is not None:
-            self.use_data_parallel = use_data_parallel
+    def __new__(cls, use_data_parallel=None):
+        return _decision_model_class()(use_data_parallel)
 
-    def get_image_feature(self, items):
-        raise AssertionError("a decision must not encode")
+
+_DECISION_MODEL_CLASS = None
+
+
+def _decision_model_class():
+    global _DECISION_MODEL_CLASS
+    if _DECISION_MODEL_CLASS is None:
+        from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
+
+        class Qwen3VLDecisionModel(Qwen3VLForConditionalGeneration):
+            def __init__(self, use_data_parallel=None):
+                torch.nn.Module.__init__(self)
+                self.visual = torch.nn.Identity()
+                if use_data_parallel is not None:
+                    self.use_data_parallel = use_data_parallel
+
+            def get_image_feature(self, items):
+                raise AssertionError("a decision must not encode")
+
+        _DECISION_MODEL_CLASS = Qwen3VLDecisionModel
+    return _DECISION_MODEL_CLASS
 
 
 def decision_rows():
