@@ -1,0 +1,469 @@
+"""Per model and modality: does the DP encoder spread a call, and what the cap counts (issue #18).
+
+Two gloo ranks, attention-TP 2, ``--mm-enable-dp-encoder`` on, ROCm simulated
+with ``override_platform``; two single-item requests per case go through the
+real ``mm_schedule._get_chunked_prefill_embedding`` with real
+``MultimodalDataItem`` objects and the model's bound ``get_*_feature``.
+
+* InternVL (``InternVLChatModel``, tiles split evenly) and Muse Spark
+  (``MuseSparkForConditionalGeneration``, its own runner) spread their images:
+  one cross-request call. Both are real tiny models that really encode; Muse
+  Spark is built by its real ``__init__`` in the encoder-only branch (its
+  decoder needs a CUDA stream to build), which builds the same NaViT tower,
+  adapter and projection as a full server.
+* GLM-Image and the Qwen3-Omni thinker are built whole by their real
+  ``__init__`` (``use_data_parallel = True``, read from the flag) but their
+  vision towers are tensor-parallel, so they must stay one call per request,
+  and the thinker's audio is never spread. Serving either with the DP encoder
+  is broken upstream: the DP runner hands the ranks different images while
+  the tower's collectives expect the same ones, so a real image encode would
+  hang. Their ``get_image_feature`` is therefore a recording stand-in bound to
+  the real model object (the gate still sees the real class and attribute)
+  that returns zeros, one row per placeholder token. The thinker's audio
+  encode is real.
+* On CUDA every one of them is batched into one call (upstream behaviour).
+
+The cap (``--mm-max-encoder-patches-per-call``) is checked in the unit each
+runner balances: through the real encode path on the same ranks for InternVL
+(tiles, split evenly) and Muse Spark (patches = tokens x 2**2), and in-process
+for Kimi's ``grid_thws`` items. No count ever reads ``item.feature``.
+"""
+
+import logging
+import types
+
+import pytest
+import torch
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="stage-a-test-cpu")
+
+from cpu_support import mm_harness as H  # noqa: E402
+from cpu_support.ranks import run_on_ranks  # noqa: E402
+
+ON_ROCM = "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)"
+OFF_NOT_DP = "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)"
+OFF_AUDIO = "cross-request ViT batching: off (ROCm, audio encoder not spread)"
+ON_CUDA = "cross-request ViT batching: on (CUDA)"
+
+# Placeholder tokens per item (model facts of the tiny configs).
+INTERNVL_TOKENS_PER_TILE = 4  # 32x32 tile, 8x8 patches = 16, pixel-shuffled by 0.5
+QWEN_GRID = (1, 8, 8)
+QWEN_TOKENS = 16  # 64 patches merged 2x2
+MUSE_TOKENS = 4  # 32x32 pixels, 8x8 patches = 16, merged 2x2
+AUDIO_TOKENS = 5  # 40 mel frames after three stride-2 convolutions
+HIDDEN = 64
+
+
+class RaisingFeature:
+    """An ``item.feature`` that fails any read: the cap must not depend on
+    it, since deferred CUDA IPC swaps it on its owning rank only."""
+
+    @property
+    def shape(self):
+        raise AssertionError("the cap read item.feature")
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the cap read item.feature.{name}")
+
+
+def recording_encoder(model, name, calls):
+    """A ``name`` (``get_image_feature``) stand-in bound to the REAL ``model``:
+    records each call's item count and returns zeros, one row per placeholder
+    token of its items."""
+
+    def encoder(self, items):
+        calls.append(len(items))
+        tokens = sum(end - start + 1 for item in items for start, end in item.offsets)
+        return torch.zeros(tokens, HIDDEN)
+
+    encoder.__name__ = name
+    return types.MethodType(encoder, model)
+
+
+def item_lengths(calls):
+    """An ``H.encoder_spy`` recorder: the item count of each call."""
+    return lambda items: calls.append(len(items))
+
+
+def tower_inputs(module, seen):
+    """A forward pre-hook appending the number of inputs of each call: the
+    length of a list (Muse Spark's NaViT takes one tensor per image), else
+    the first dimension (InternViT's tiles on this rank)."""
+
+    def hook(mod, args, kwargs):
+        x = args[0] if args else next(iter(kwargs.values()))
+        seen.append(len(x) if isinstance(x, list) else int(x.shape[0]))
+
+    return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def one_item_request(item, tokens):
+    """A whole prompt: text, the item's placeholder span, text."""
+    return H.Request(items=[item], length=H.TEXT_BEFORE + tokens + H.TEXT_BETWEEN)
+
+
+def _has_series():
+    import importlib.util
+
+    return importlib.util.find_spec("sglang.srt.multimodal.vit_batching") is not None
+
+
+def _fresh_server():
+    """A new server's state: an empty embedding cache, and (with the series)
+    the gate's once-per-server log memory emptied."""
+    H.fresh_embedding_cache()
+    if _has_series():
+        from sglang.srt.multimodal import vit_batching
+
+        vit_batching._logged_decisions.clear()
+
+
+def _step(encoder, requests, platform, gate_log, calls, towers=None, cap=None):
+    """One prefill step of ``requests`` through the real scheduler function,
+    with ``encoder`` (a bound ``get_*_feature``) as the embedding function."""
+    import contextlib
+
+    from sglang.srt.runtime_context import get_mm, override_platform
+
+    _fresh_server()
+    calls.clear()
+    if towers is not None:
+        towers.clear()
+    first = len(gate_log.lines)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.no_grad())
+        stack.enter_context(override_platform(**H.PLATFORMS[platform]))
+        if cap is not None:
+            stack.enter_context(get_mm().override(mm_max_encoder_patches_per_call=cap))
+        # run_prefill_embedding hands the scheduler ``model.get_image_feature``.
+        out = H.run_prefill_embedding(types.SimpleNamespace(get_image_feature=encoder), requests)
+    gate = [line for line in gate_log.lines[first:] if "cross-request ViT batching" in line[1]]
+    return {
+        "calls": list(calls),
+        "towers": list(towers) if towers is not None else None,
+        "gate": gate,
+        "out": out,
+    }
+
+
+def _rank_worker(rank, world_size, init_method):
+    from cpu_support import tiny_gemma3_internvl as G
+    from cpu_support import tiny_omni_muse as O
+    from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.tiny_vl_family import build_tiny_family_model
+    from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
+    from test_gate_real_non_dp_vlm import tiny_glm_image_config
+
+    series = _has_series()  # pristine SGLang runs only the upstream arms
+    gate_log = H.capture_log("sglang.srt.multimodal.vit_batching")
+    result = {}
+    calls, towers = [], []
+    platforms = ("ROCm", "CUDA")
+
+    # --- InternVL: real tiny model, real encoding; tiles split evenly.
+    G.publish_dp_encoder_server(G.tiny_internvl_config(), rank, world_size)
+    T.init_gloo(rank, world_size, init_method)
+    internvl = G.build_tiny_internvl(seed=4)
+    result[("built", "internvl")] = _built(
+        internvl, "use_data_parallel", internvl.vision_model.encoder.layers[0].mlp.fc1)
+    internvl.get_image_feature = H.encoder_spy(internvl, item_lengths(calls))
+    handle = tower_inputs(internvl.vision_model.encoder, towers)
+    two = G.pixel_requests([[1], [1]], INTERNVL_TOKENS_PER_TILE, seed=5, key="per-model")
+    for platform in platforms:
+        result[("internvl", platform)] = _step(
+            internvl.get_image_feature, two, platform, gate_log, calls, towers)
+    with torch.no_grad():
+        result["internvl_alone"] = H.reference_rows(internvl, two)
+    if series:
+        # The cap in tiles per rank, for three one-image requests of 2 tiles
+        # and for images of 3 and 1 tiles (see the tests for the arithmetic).
+        three = G.pixel_requests([[2], [2], [2]], INTERNVL_TOKENS_PER_TILE, seed=6, key="cap")
+        uneven = G.pixel_requests([[3], [1]], INTERNVL_TOKENS_PER_TILE, seed=7, key="cap")
+        for name, requests, cap in (("three", three, 3), ("three", three, 2), ("uneven", uneven, 2)):
+            result[("internvl_cap", name, cap)] = _step(
+                internvl.get_image_feature, requests, "ROCm", gate_log, calls, towers, cap=cap)
+        result["internvl_units"] = _units(internvl, three[0].items[0], 2 * INTERNVL_TOKENS_PER_TILE)
+    handle.remove()
+
+    # --- Muse Spark: real tiny model, its own runner.
+    G.publish_dp_encoder_server(O.tiny_muse_spark_config(), rank, world_size)
+    muse = O.build_tiny_muse_spark(seed=8)
+    result[("built", "muse")] = _built(
+        muse, "use_data_parallel_encoder", muse.model.vision_tower.layers[0].mlp.fc1)
+    muse.get_image_feature = H.encoder_spy(muse, item_lengths(calls))
+    handle = tower_inputs(muse.model.vision_tower, towers)
+    images = [one_item_request(O.muse_image_item(seed=90 + k, offset=H.TEXT_BEFORE), MUSE_TOKENS)
+              for k in range(3)]
+    for platform in platforms:
+        result[("muse", platform)] = _step(
+            muse.get_image_feature, images[:2], platform, gate_log, calls, towers)
+    with torch.no_grad():
+        result["muse_alone"] = H.reference_rows(muse, images[:2])
+    if series:
+        # 16 patches an image, 16 patches a rank: two images per call.
+        result["muse_cap16"] = _step(
+            muse.get_image_feature, images, "ROCm", gate_log, calls, towers, cap=16)
+        result["muse_units"] = _units(muse, images[0].items[0], MUSE_TOKENS)
+    handle.remove()
+
+    # --- GLM-Image: built whole; its vision MLP is tensor-parallel.
+    config = tiny_glm_image_config()
+    G.publish_dp_encoder_server(config, rank, world_size)
+    glm = build_tiny_family_model(config, GlmImageForConditionalGeneration)
+    result[("built", "glm_image")] = _built(
+        glm, "use_data_parallel", glm.visual.blocks[0].mlp.linear_fc1)
+    two_qwen = [H.make_request([QWEN_GRID], seed=s) for s in (11, 12)]
+    for platform in platforms:
+        encoder = recording_encoder(glm, "get_image_feature", calls)
+        result[("glm_image", platform)] = _step(encoder, two_qwen, platform, gate_log, calls)
+
+    # --- Qwen3-Omni thinker: built whole; TP vision encoder, TP audio tower.
+    G.publish_dp_encoder_server(O.tiny_qwen3_omni_thinker_config(), rank, world_size)
+    thinker = O.build_tiny_qwen3_omni_thinker(seed=9)
+    result[("built", "thinker")] = _built(
+        thinker, "use_data_parallel", thinker.visual.blocks[0].mlp.linear_fc1)
+    for platform in platforms:
+        encoder = recording_encoder(thinker, "get_image_feature", calls)
+        result[("thinker_image", platform)] = _step(encoder, two_qwen, platform, gate_log, calls)
+    thinker.get_audio_feature = _audio_spy(thinker, calls)
+    clips = [one_item_request(O.audio_item(seed=s, offset=H.TEXT_BEFORE), AUDIO_TOKENS)
+             for s in (21, 22)]
+    for platform in platforms:
+        result[("thinker_audio", platform)] = _step(
+            thinker.get_audio_feature, clips, platform, gate_log, calls)
+    return result
+
+
+def _audio_spy(model, calls):
+    """The thinker's real ``get_audio_feature``, bound to it, recording each
+    call's item count first."""
+    real = type(model).get_audio_feature
+
+    def get_audio_feature(self, items):
+        calls.append(len(items))
+        return real(self, items)
+
+    return types.MethodType(get_audio_feature, model)
+
+
+def _built(model, attribute, vision_fc1):
+    """How the real ``__init__`` built ``model``: its class, the attribute it
+    set from the flag, and the output rows of its first vision MLP layer on
+    this rank (a tensor-parallel layer holds half of them at TP 2)."""
+    return (type(model).__name__, attribute, getattr(model, attribute),
+            int(vision_fc1.weight.shape[0]))
+
+
+def _units(model, item, tokens):
+    """What the cap counts for ``item`` with this model's DP encoder, with
+    its real feature and with a feature that must not be read."""
+    from sglang.srt.multimodal.vit_batching import dp_encoder_of, item_encoder_units
+
+    dp = dp_encoder_of(model.get_image_feature)
+    counted = item_encoder_units(item, tokens, dp, model)
+    real = item.feature
+    item.feature = RaisingFeature()
+    try:
+        unread = item_encoder_units(item, tokens, dp, model)
+    except AssertionError as read:  # reported, and the other cases still run
+        unread = str(read)
+    finally:
+        item.feature = real
+    return {"runner": dp.runner if dp else None, "units": counted, "unread": unread}
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_on_ranks(_rank_worker, 2, timeout=500)
+
+
+def _gate(rank, line):
+    """The gate's INFO line: once per server, on TP rank 0 only."""
+    return [(logging.INFO, line)] if rank == 0 else []
+
+
+# ---------------------------------------------------------------------------
+# The gate, per model and modality, on ROCm (and the CUDA control)
+# ---------------------------------------------------------------------------
+
+
+# (class, the attribute its __init__ sets from the flag, its value, rows of
+# the first vision MLP layer on each rank). The tiny MLPs are 64 wide in
+# InternVL and Muse Spark (whole on each rank) and 128 wide in GLM-Image and
+# the thinker (half on each rank: tensor-parallel).
+BUILT = {
+    "internvl": ("InternVLChatModel", "use_data_parallel", True, 64),
+    "muse": ("MuseSparkForConditionalGeneration", "use_data_parallel_encoder", True, 64),
+    "glm_image": ("GlmImageForConditionalGeneration", "use_data_parallel", True, 64),
+    "thinker": ("Qwen3OmniMoeThinkerForConditionalGeneration", "use_data_parallel", True, 64),
+}
+
+
+@pytest.mark.parametrize("model", ["internvl", "muse"])
+def test_rocm_dp_model_takes_both_requests_in_one_call(ranks, model):
+    """InternVL and Muse Spark spread a call's images: on ROCm the two
+    one-image requests are one encoder call, each rank encoding one image
+    (InternVL: one of the two tiles; Muse Spark: one of the two images), and
+    both ranks hold the same embeddings, each image's as when encoded alone."""
+    for rank, r in enumerate(ranks):
+        assert r[("built", model)] == BUILT[model]
+        step = r[(model, "ROCm")]
+        assert step["calls"] == [2]
+        assert step["towers"] == [1]
+        assert step["gate"] == _gate(rank, ON_ROCM)
+        torch.testing.assert_close(step["out"], r[f"{model}_alone"], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(ranks[0][(model, "ROCm")]["out"], ranks[1][(model, "ROCm")]["out"])
+
+
+@pytest.mark.parametrize(
+    "case,model,line",
+    [("glm_image", "glm_image", OFF_NOT_DP), ("thinker_image", "thinker", OFF_NOT_DP),
+     ("thinker_audio", "thinker", OFF_AUDIO)],
+    ids=["glm-image", "qwen3-omni-image", "qwen3-omni-audio"],
+)
+def test_rocm_not_spread_stays_one_call_per_request(ranks, case, model, line):
+    """GLM-Image's and the Qwen3-Omni thinker's images, and the thinker's
+    audio: one encoder call per request on ROCm, and the gate says why once,
+    on TP rank 0, although the real class says ``use_data_parallel = True``
+    (its vision MLP being tensor-parallel)."""
+    tokens = AUDIO_TOKENS if case == "thinker_audio" else QWEN_TOKENS
+    for rank, r in enumerate(ranks):
+        assert r[("built", model)] == BUILT[model]
+        step = r[(case, "ROCm")]
+        assert step["calls"] == [1, 1]
+        assert step["gate"] == _gate(rank, line)
+        assert tuple(step["out"].shape) == (2 * tokens, HIDDEN)
+    if case == "thinker_audio":
+        # The audio tower really ran, every rank on the same clip: the ranks
+        # agree, the rows are not zeros, and match the batched CUDA step's.
+        rocm = [r[(case, "ROCm")]["out"] for r in ranks]
+        torch.testing.assert_close(rocm[0], rocm[1])
+        assert rocm[0].abs().sum() > 0
+        torch.testing.assert_close(rocm[0], ranks[0][(case, "CUDA")]["out"], rtol=1e-4, atol=1e-5)
+
+
+CASES = ["internvl", "muse", "glm_image", "thinker_image", "thinker_audio"]
+
+
+@pytest.mark.control(reason="upstream CUDA batching, which the series keeps")
+@pytest.mark.parametrize("case", CASES)
+def test_cuda_batches_every_model_in_one_call(ranks, case):
+    """On CUDA both requests' items go in one encoder call, spread or not."""
+    for r in ranks:
+        assert r[(case, "CUDA")]["calls"] == [2]
+    if case in ("internvl", "muse"):
+        for r in ranks:
+            torch.testing.assert_close(r[(case, "CUDA")]["out"], r[f"{case}_alone"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_cuda_gate_logs_on_once(ranks, case):
+    """The gate's decision on CUDA, logged once on TP rank 0."""
+    for rank, r in enumerate(ranks):
+        assert r[(case, "CUDA")]["gate"] == _gate(rank, ON_CUDA)
+
+
+# ---------------------------------------------------------------------------
+# The cap counts what each runner balances
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,cap,calls,per_rank",
+    [
+        # 3 images x 2 tiles = 6 tiles, split evenly: 3 a rank, within 3.
+        ("three", 3, [3], [3]),
+        # Within 2 a rank: 2 images (4 tiles, 2 a rank), then 1 (2 tiles, 1 a rank).
+        ("three", 2, [2, 1], [2, 1]),
+        # 3 + 1 tiles split evenly: 2 a rank, within 2 (a balancer of whole
+        # images would put the 3-tile image on one rank and split the call).
+        ("uneven", 2, [2], [2]),
+    ],
+    ids=["6-tiles-cap-3", "6-tiles-cap-2", "3+1-tiles-cap-2"],
+)
+def test_internvl_cap_counts_tiles_split_evenly(ranks, name, cap, calls, per_rank):
+    for rank, r in enumerate(ranks):
+        step = r[("internvl_cap", name, cap)]
+        assert step["calls"] == calls
+        assert step["towers"] == per_rank  # tiles each rank's InternViT encoder got
+        assert step["gate"] == _gate(rank, ON_ROCM)
+
+
+def test_internvl_item_counts_tiles_from_its_tokens(ranks):
+    """A 2-tile image (8 placeholder tokens, 4 a tile) counts 2, without
+    reading its feature."""
+    for r in ranks:
+        assert r["internvl_units"] == {"runner": "tiles", "units": 2, "unread": 2}
+
+
+def test_muse_spark_cap_counts_patches(ranks):
+    """A 32x32 image is 16 patches (4 tokens x 2**2); at 16 patches a rank the
+    balancer fits two images in a call (one a rank), so three images take
+    calls of 2 and 1; the lone image goes to rank 0."""
+    for rank, r in enumerate(ranks):
+        assert r["muse_units"] == {"runner": "own", "units": 16, "unread": 16}
+        step = r["muse_cap16"]
+        assert step["calls"] == [2, 1]
+        assert step["gate"] == _gate(rank, ON_ROCM)
+    assert [r["muse_cap16"]["towers"] for r in ranks] == [[1, 1], [1]]
+
+
+def _kimi_k25_built_data_parallel():
+    """SGLang's real ``KimiK25ForConditionalGeneration``, its construction
+    choice set as its ``__init__`` sets it under the flag, and nothing else
+    built (the cap only asks the class and that choice)."""
+    from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
+
+    model = KimiK25ForConditionalGeneration.__new__(KimiK25ForConditionalGeneration)
+    torch.nn.Module.__init__(model)
+    model.use_data_parallel = True
+    return model
+
+
+def _grid_thws_item(grids, feature):
+    """A Kimi image as its HF processor names the grid: ``grid_thws`` only."""
+    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
+
+    item = MultimodalDataItem(modality=Modality.IMAGE, feature=feature)
+    item.model_specific_data["grid_thws"] = torch.tensor(grids)
+    return item
+
+
+@pytest.mark.parametrize(
+    "grids,patches",
+    [([[1, 4, 6]], 24), ([[1, 4, 6], [2, 2, 2]], 32)],
+    ids=["one-grid", "two-grids"],
+)
+@pytest.mark.parametrize("feature", ["pixels", "unreadable"])
+def test_kimi_grid_thws_item_counts_t_h_w(grids, patches, feature):
+    """t*h*w summed over the grids, whether or not the DP encoder spreads it;
+    neither a pixel tensor's first dimension (1 here) nor an unreadable
+    feature changes it."""
+    from sglang.srt.multimodal.vit_batching import dp_encoder_of, item_encoder_units
+
+    value = torch.zeros(1, patches * 3 * 14 * 14) if feature == "pixels" else RaisingFeature()
+    item = _grid_thws_item(grids, value)
+    model = _kimi_k25_built_data_parallel()
+    dp = dp_encoder_of(model.get_image_feature)
+    assert dp is not None and dp.runner == "mrope"
+    tokens = patches // 4  # merged 2x2
+    assert item_encoder_units(item, tokens, dp, model) == patches
+    assert item_encoder_units(item, tokens, None) == patches
+
+
+@pytest.mark.parametrize(
+    "units,cap,balanced,groups",
+    [
+        ([2, 2, 2], 3, False, [[0, 1, 2]]),  # 3 a rank
+        ([2, 2, 2], 3, True, [[0, 1], [2]]),  # one rank would take 4
+        ([3, 1], 2, False, [[0, 1]]),  # 2 a rank
+        ([3, 1], 2, True, [[0], [1]]),  # the 3 alone exceeds 2
+    ],
+    ids=["even-6-cap-3", "balanced-6-cap-3", "even-3+1-cap-2", "balanced-3+1-cap-2"],
+)
+def test_call_groups_on_two_ranks(units, cap, balanced, groups):
+    from sglang.srt.multimodal.vit_batching import encoder_call_groups
+
+    assert encoder_call_groups(units, cap, 2, balanced) == groups
