@@ -22,4 +22,7 @@ whole server) can run on a machine without a GPU (docs/cpu.md):
   model directory, launcher, one served burst for the e2e tests,
   pristine/series trees for A/B, the demo-only ROCm gate hook, the
   `sgl_kernel` stand-in package).
+* `fault_injection/`, `vit_profile/`, `post_import`: test- and profiling-only
+  start-up hooks for the CPU server (one rank's vision tower fails its first
+  call; every tower call timed), and the post-import patching they share.
 """

@@ -13,10 +13,12 @@ The next ``sitecustomize`` on ``sys.path`` (e.g. the ROCm gate simulation) is
 loaded afterwards, so the two hooks combine.
 """
 
-import importlib.abc
-import importlib.util
 import os
 import sys
+
+# scripts/, so that cpu_support imports in this server process.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from cpu_support.post_import import chain_next_sitecustomize, patch_after_import  # noqa: E402
 
 _ENV = "FORK_FAULT_VISION_OOM_RANK"
 _MODULE = "sglang.srt.models.qwen3_vl"
@@ -53,50 +55,6 @@ def _patch(module):
     cls.forward = forward
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        _patch(module)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader)
-                return spec
-        return None
-
-
-def _chain_next_sitecustomize():
-    here = os.path.dirname(os.path.abspath(__file__))
-    for entry in sys.path:
-        if not entry or os.path.abspath(entry) == here:
-            continue
-        candidate = os.path.join(entry, "sitecustomize.py")
-        if os.path.isfile(candidate):
-            spec = importlib.util.spec_from_file_location(
-                "_fork_fault_chained_sitecustomize", candidate
-            )
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return
-
-
 if os.environ.get(_ENV):
-    if _MODULE in sys.modules:
-        _patch(sys.modules[_MODULE])
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
-_chain_next_sitecustomize()
+    patch_after_import(_MODULE, _patch)
+chain_next_sitecustomize(__file__)

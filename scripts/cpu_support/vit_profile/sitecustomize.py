@@ -20,12 +20,14 @@ Another ``sitecustomize`` later on ``sys.path`` (e.g. the ROCm gate
 simulation's) is then loaded too, so both hooks work together.
 """
 
-import importlib.abc
-import importlib.util
 import json
 import os
 import sys
 import time
+
+# scripts/, so that cpu_support imports in this server process.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from cpu_support.post_import import chain_next_sitecustomize, patch_after_import  # noqa: E402
 
 _DIR_ENV = "FORK_VIT_PROFILE_DIR"
 _TORCH_ENV = "FORK_VIT_PROFILE_TORCH"
@@ -91,52 +93,6 @@ def _patch(module):
     sys.stderr.write(f"[fork vit profile] pid {os.getpid()}: timing {_CLASS}.forward -> {out_dir}\n")
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        _patch(module)
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader)
-                return spec
-        return None
-
-
-def _chain_next_sitecustomize():
-    """Load the next ``sitecustomize`` on sys.path (the one this file shadows)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for entry in sys.path:
-        if not entry or os.path.abspath(entry) == here:
-            continue
-        cand = os.path.join(entry, "sitecustomize.py")
-        if os.path.isfile(cand):
-            spec = importlib.util.spec_from_file_location("_fork_chained_sitecustomize", cand)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            return
-
-
 if os.environ.get(_DIR_ENV):
-    if _MODULE in sys.modules:
-        _patch(sys.modules[_MODULE])
-    if not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
-_chain_next_sitecustomize()
+    patch_after_import(_MODULE, _patch)
+chain_next_sitecustomize(__file__)

@@ -44,7 +44,7 @@ from cpu_support.ranks import run_on_ranks  # noqa: E402
 
 ON_ROCM = "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)"
 OFF_NOT_DP = "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)"
-OFF_AUDIO = "cross-request ViT batching: off (ROCm, audio encoder not spread)"
+OFF_AUDIO = "cross-request ViT batching: off (ROCm, audio stays per-request)"
 ON_CUDA = "cross-request ViT batching: on (CUDA)"
 
 # Placeholder tokens per item (model facts of the tiny configs).
