@@ -221,11 +221,11 @@ def launch(build: dict, args, log_path: str, ready_timeout: float) -> ServerProc
             omp_threads=args.omp_threads,
             # /metrics feeds the "encoder calls" and "images per call" columns
             # (series builds; a pristine build shows n/a).
-            extra_args=["--enable-metrics"],
+            extra_args=["--enable-metrics"] + build["extra_args"],
         )
     port = free_port()
     cmd = [build["python"], "-m", "sglang.launch_server", "--model-path", args.model_path,
-           *args.server_args, "--host", "127.0.0.1", "--port", str(port)]
+           *args.server_args, *build["extra_args"], "--host", "127.0.0.1", "--port", str(port)]
     env = dict(os.environ)
     env["TORCH_LOGS"] = args.torch_logs
     if build["target"]:
@@ -571,6 +571,10 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
                     mixed = B.run_mixed(args, srv.base_url, bench_model,
                                         echo=lambda m: echo(f"[{tag}] {m}"))
                 else:
+                    memory = None
+                    if args.memory:
+                        memory = B.MemorySampler(pids=srv.pids) if args.cpu else \
+                            B.MemorySampler(gpu_reader=lambda: gpu_memory_used()[1])
                     result = B.run_bursts(
                         base_url=srv.base_url, model=bench_model,
                         tokenizer=args.tokenizer or bench_model,
@@ -578,6 +582,11 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
                         warmup_text_prompts=args.warmup_text_prompts, warmup_text_cfg=wcfg,
                         server_log=log_path, work_dir=os.path.join(args.out_dir, tag),
                         timeout=args.burst_timeout, echo=lambda m: echo(f"[{tag}] {m}"),
+                        text_stream=({"concurrency": args.text_stream_concurrency,
+                                      "output_len": args.text_stream_output_len}
+                                     if args.text_stream_concurrency else None),
+                        memory=memory, unseen_sizes=args.unseen_sizes,
+                        unseen_output_len=args.unseen_output_len,
                     )
             finally:
                 left = srv.stop()
@@ -618,6 +627,7 @@ def _builds_and_flags(builds: List[dict], first: dict) -> List[str]:
     """Report lines: each build (version, series, interpreter, tree) and the server flags."""
     lines = [f"- {b['label']}: sglang {b['version']}, series {b['series_hash']} "
              f"({b['python']}" + (f", PYTHONPATH={b['target']})" if b["target"] else ")")
+             + (f", its own flags `{shlex.join(b['extra_args'])}`" if b.get("extra_args") else "")
              for b in builds]
     return lines + [f"- server flags: `{shlex.join(first['server_flags'])}`"]
 
@@ -732,7 +742,65 @@ def report(ab: dict, builds: List[dict], command: str) -> str:
     lines.extend(_burst_image_lines(ab, [b["label"] for b in builds]))
     lines.append(f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}")
     lines += ["", table(ab["rows"], ab["ready_s"])]
+    lines += beside_tables(ab, [b["label"] for b in builds])
     return "\n".join(lines) + "\n"
+
+
+def beside_tables(ab: dict, labels: Sequence[str]) -> List[str]:
+    """The text stream, unseen-size and memory tables, when those options ran."""
+    runs = [r for r in ab["runs"] if r.get("result")]
+    out: List[str] = []
+    stream = [r for r in runs if any(b["stats"].get("text_stream") for b in r["result"]["bursts"])]
+    if stream:
+        s0 = stream[0]["result"]["bursts"][0]["stats"]["text_stream"]
+        out += ["", f"Text-only stream beside the image bursts ({s0['concurrency']} concurrent requests, "
+                    f"{s0['output_len']} output tokens; medians across runs, (min–max)):", "",
+                "| Build | Burst | Text mean TTFT (ms) | Text P50 TTFT (ms) | Text P99 TTFT (ms) | Text completed / failed |",
+                "|---|---|---|---|---|---|"]
+        for label in labels:
+            mine = [r for r in stream if r["build"] == label]
+            for k in range(max((len(r["result"]["bursts"]) for r in mine), default=0)):
+                ts = [r["result"]["bursts"][k]["stats"]["text_stream"] for r in mine
+                      if k < len(r["result"]["bursts"])]
+                out.append(f"| {label} | {k + 1} | {fmt_spread(spread([t['mean_ttft_ms'] for t in ts]))} | "
+                           f"{fmt_spread(spread([t['p50_ttft_ms'] for t in ts]))} | "
+                           f"{fmt_spread(spread([t['p99_ttft_ms'] for t in ts]))} | "
+                           f"{sum(t['completed'] for t in ts)} / {sum(t['failed'] for t in ts)} |")
+    unseen = [r for r in runs if r["result"].get("unseen_sizes")]
+    if unseen:
+        out += ["", "Image sizes no warm-up used, after the bursts (first request of each size vs a second "
+                    "fresh image of that size; medians across runs, (min–max); compiles per run):", "",
+                "| Build | Size (HxW) | First TTFT (ms) | Repeat TTFT (ms) | Extra TTFT of the first (ms) "
+                "| Compiles after the first | Compiles after the repeat |",
+                "|---|---|---|---|---|---|---|"]
+        for label in labels:
+            mine = [r["result"]["unseen_sizes"] for r in unseen if r["build"] == label]
+            for i in range(max((len(m) for m in mine), default=0)):
+                rows = [m[i] for m in mine if i < len(m)]
+                out.append(
+                    f"| {label} | {rows[0]['height']}x{rows[0]['width']} | "
+                    f"{fmt_spread(spread([x['first_ttft_ms'] for x in rows]))} | "
+                    f"{fmt_spread(spread([x['repeat_ttft_ms'] for x in rows]))} | "
+                    f"{fmt_spread(spread([x['extra_ttft_ms'] for x in rows]))} | "
+                    f"{_fmt_per_run([x['first_compiles'] for x in rows], B.fmt_compiles)} | "
+                    f"{_fmt_per_run([x['repeat_compiles'] for x in rows], B.fmt_compiles)} |")
+    mem = [r for r in runs if any(b["stats"].get("memory") for b in r["result"]["bursts"])]
+    if mem:
+        out += ["", "Peak memory per rank per burst (MiB; medians across runs, (min–max)): scheduler peak "
+                    "RSS on the CPU, the largest used memory per GPU seen by the smi tool on a GPU:", "",
+                "| Build | Burst | Per rank / GPU |", "|---|---|---|"]
+        for label in labels:
+            mine = [r for r in mem if r["build"] == label]
+            for k in range(max((len(r["result"]["bursts"]) for r in mine), default=0)):
+                ms = [r["result"]["bursts"][k]["stats"].get("memory") or {} for r in mine
+                      if k < len(r["result"]["bursts"])]
+                per = {}
+                for m in ms:
+                    for key, v in {**m.get("scheduler_peak_rss_mib", {}), **m.get("gpu_peak_used_mib", {})}.items():
+                        per.setdefault(key, []).append(v)
+                cells = "; ".join(f"{key}: {fmt_spread(spread(v), 0)}" for key, v in sorted(per.items()))
+                out.append(f"| {label} | {k + 1} | {cells or 'n/a'} |")
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -797,6 +865,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--omp-threads", type=int,
                    help="--cpu only: OMP_NUM_THREADS of the server (default: the CPUs split per "
                         "rank; 0: unset, torch's one thread per CPU in every rank)")
+    p.add_argument("--a-extra-args", default="",
+                   help="launch flags for build A only, one shell-quoted string (e.g. a cap: "
+                        "'--mm-max-encoder-patches-per-call 8192'); --cpu too")
+    p.add_argument("--b-extra-args", default="", help="launch flags for build B only")
+    g = p.add_argument_group("beside the images (the reviewer's three costs; docs/benchmarks.md)")
+    g.add_argument("--text-stream-concurrency", type=int, default=0,
+                   help="a text-only stream of this many concurrent requests during every image burst "
+                        "(0: none); its TTFT mean/P50/P99 per build and burst")
+    g.add_argument("--text-stream-output-len", type=int, default=16)
+    g.add_argument("--unseen-sizes", type=B.sizes_arg, default=(),
+                   help="HxW,...: after the bursts, each size's first request vs a second fresh image "
+                        f"of the same size, with the compiles each caused (e.g. {B.DEFAULT_UNSEEN_SIZES})")
+    g.add_argument("--unseen-output-len", type=int, default=4)
+    g.add_argument("--memory", action="store_true",
+                   help="peak memory per rank per burst: scheduler peak RSS (--cpu) or the largest "
+                        "used memory per visible GPU seen by the smi tool every 0.25 s")
     B.add_mixed_arguments(p)
     p.add_argument("server_args", nargs=argparse.REMAINDER,
                    help="-- then launch_server flags (GPU runs)")
@@ -843,6 +927,15 @@ def parse(argv=None):
             p.error(f"--{name.replace('_', '-')} must be > 0")
     if args.gpu_release_slack_mib < 0:
         p.error("--gpu-release-slack-mib must be >= 0")
+    if args.text_stream_concurrency < 0 or args.text_stream_output_len < 1 or args.unseen_output_len < 1:
+        p.error("--text-stream-concurrency must be >= 0 and the output lengths >= 1")
+    for side in ("a", "b"):
+        try:
+            setattr(args, f"{side}_extra_args", shlex.split(getattr(args, f"{side}_extra_args")))
+        except ValueError as e:
+            p.error(f"--{side}-extra-args: {e}")
+    if args.mixed and (args.text_stream_concurrency or args.unseen_sizes or args.memory):
+        p.error("--text-stream-concurrency, --unseen-sizes and --memory go with the image bursts, not --mixed")
     if args.aiter_jit_dir and not os.path.isdir(args.aiter_jit_dir):
         p.error(f"--aiter-jit-dir {args.aiter_jit_dir} is not a folder")
     if args.prefetch_only and args.cpu:
@@ -871,6 +964,7 @@ def describe_builds(args) -> List[dict]:
                 f"{B.describe_status(status)}); copy the base tree before applying the series, "
                 "or pass --allow-patched-base")
         builds.append({"label": getattr(args, f"{side}_label"), "python": py, "target": target,
+                       "extra_args": list(getattr(args, f"{side}_extra_args", [])),
                        "tree": where, "version": B.sglang_version(py, path),
                        "series_hash": B.series_hash(where),
                        "series_status": {k: status.get(k) for k in ("applied", "current", "series_hash",

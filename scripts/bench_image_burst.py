@@ -556,6 +556,201 @@ def first_error(record: Optional[dict], stats: dict) -> str:
     return "no error recorded"
 
 
+# ---------------------------------------------------------------------------
+# Beside the images: a text-only stream, unseen image sizes, peak memory
+# ---------------------------------------------------------------------------
+
+
+def _ttft_summary(records: List[dict]) -> dict:
+    ok = [1000.0 * r["ttft"] for r in records if r["success"]]
+    p50, p99 = (float(x) for x in np.percentile(ok, [50, 99])) if ok else (None, None)
+    return {"completed": len(ok), "failed": len(records) - len(ok),
+            "mean_ttft_ms": statistics.fmean(ok) if ok else None, "p50_ttft_ms": p50, "p99_ttft_ms": p99}
+
+
+def _chat_input(RequestFuncInput, model: str, api_url: str, content, output_len: int):
+    messages = [{"role": "user", "content": content}]
+    return RequestFuncInput(model=model, prompt=messages, api_url=api_url, prompt_len=0,
+                            output_len=output_len, lora_name="", image_data=None, extra_request_body={})
+
+
+class TextStream:
+    """Text-only chat requests, ``concurrency`` in flight at all times, from
+    ``start()`` until ``stop()`` (which waits for the ones in flight), sent with
+    bench_serving's chat-completions request function in a thread of its own."""
+
+    def __init__(self, base_url: str, model: str, concurrency: int, output_len: int, seed: int = 0):
+        if concurrency < 1 or output_len < 1:
+            raise BenchError("the text stream needs concurrency >= 1 and output length >= 1")
+        self.base_url, self.model = base_url, model
+        self.concurrency, self.output_len, self.seed = concurrency, output_len, seed
+        self.records: List[dict] = []
+        self._stop = None
+        self._thread = None
+
+    def start(self) -> None:
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import asyncio
+
+        func, RequestFuncInput = _bench_serving_request_func()
+        api_url = self.base_url.rstrip("/") + "/v1/chat/completions"
+        words = ["alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta"]
+
+        async def worker(w: int) -> None:
+            n = 0
+            while not self._stop.is_set():
+                rng = np.random.default_rng((self.seed, w, n))
+                text = f"Stream {w}.{n}: " + " ".join(rng.choice(words, size=24)) + ". Continue the list."
+                o = await func(request_func_input=_chat_input(
+                    RequestFuncInput, self.model, api_url, [{"type": "text", "text": text}], self.output_len))
+                self.records.append({"worker": w, "n": n, "success": bool(o.success),
+                                     "ttft": float(o.ttft or 0.0), "error": (o.error or "")[-200:]})
+                n += 1
+
+        async def drive() -> None:
+            await asyncio.gather(*(worker(w) for w in range(self.concurrency)))
+
+        asyncio.run(drive())
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join(timeout=600)
+        return dict(_ttft_summary(self.records), concurrency=self.concurrency, output_len=self.output_len)
+
+
+def scheduler_pids(pids: Sequence[int]) -> Dict[int, str]:
+    """{pid: process title} of the processes whose title starts with ``sglang::scheduler``."""
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                title = f.read().split(b"\0")[0].decode("utf-8", "replace").strip()
+        except OSError:
+            continue
+        if title.startswith("sglang::scheduler"):
+            out[pid] = title
+    return out
+
+
+class MemorySampler:
+    """Peak memory per rank over one burst.
+
+    CPU (``pids`` given): each scheduler process's peak RSS over the burst
+    (``/proc/PID/clear_refs`` resets the peak mark at the start, VmHWM read at
+    the end). GPU (``gpu_reader`` given, e.g. the A/B's smi reading): the
+    largest used memory per GPU seen while polling every ``interval`` seconds
+    (the driver's view, which includes what PyTorch's allocator keeps cached;
+    a server process's own ``torch.cuda.max_memory_allocated`` is not
+    reachable from outside it).
+    """
+
+    def __init__(self, pids=None, gpu_reader=None, interval: float = 0.25):
+        self.pids, self.gpu_reader, self.interval = pids, gpu_reader, interval
+        self._procs: Dict[int, str] = {}
+        self._peak: Dict[str, float] = {}
+        self._thread = self._stop = None
+
+    def start(self) -> None:
+        import threading
+
+        self._procs = scheduler_pids(self.pids()) if self.pids else {}
+        for pid in self._procs:
+            try:
+                with open(f"/proc/{pid}/clear_refs", "w") as f:
+                    f.write("5")
+            except OSError:
+                pass
+        self._peak = {}
+        if self.gpu_reader is not None:
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._poll, daemon=True)
+            self._thread.start()
+
+    def _poll(self) -> None:
+        while True:
+            for gpu, used in (self.gpu_reader() or {}).items():
+                self._peak[gpu] = max(used, self._peak.get(gpu, 0.0))
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self) -> dict:
+        out = {}
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=30)
+            out["gpu_peak_used_mib"] = dict(sorted(self._peak.items()))
+        rss = {}
+        for pid, title in self._procs.items():
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            rss[title] = int(line.split()[1]) / 1024
+            except OSError:
+                rss[title] = None
+        if self._procs:
+            out["scheduler_peak_rss_mib"] = dict(sorted(rss.items()))
+        return out
+
+
+DEFAULT_UNSEEN_SIZES = "97x1003,1003x97,544x544,1056x1056,1344x1344"
+
+
+def sizes_arg(text: str) -> List[Tuple[int, int]]:
+    """argparse type for ``--unseen-sizes``."""
+    try:
+        return parse_sizes(text)
+    except BenchError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def parse_sizes(text: str) -> List[Tuple[int, int]]:
+    """``"97x1003,544x544"`` -> [(97, 1003), (544, 544)] (HEIGHTxWIDTH)."""
+    try:
+        return [parse_resolution(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError as e:
+        raise BenchError(f"--unseen-sizes: {e}") from None
+
+
+def unseen_size_pass(base_url: str, model: str, sizes: Sequence[Tuple[int, int]], output_len: int,
+                     take_log, seed: int = 0, echo=print) -> List[dict]:
+    """For each (height, width): a fresh image of that size sent alone, then a
+    second fresh image of the same size (new bytes, so no embedding-cache hit);
+    both TTFTs, the first's extra TTFT over the second, and the compiles the
+    server logged after each (``take_log`` reads the new server-log lines)."""
+    import asyncio
+
+    func, RequestFuncInput = _bench_serving_request_func()
+    api_url = base_url.rstrip("/") + "/v1/chat/completions"
+    rows = []
+    for i, (h, w) in enumerate(sizes):
+        row = {"height": h, "width": w}
+        for which in ("first", "repeat"):
+            rng = np.random.default_rng((seed, 4049, i, which == "repeat"))
+            content = [{"type": "image_url", "image_url": {"url": _mixed_image_uri(rng, w, h)}},
+                       {"type": "text", "text": f"Unseen size {h}x{w} ({which}): describe it."}]
+            o = asyncio.run(func(request_func_input=_chat_input(RequestFuncInput, model, api_url, content,
+                                                                 output_len)))
+            first_line, lines = take_log()
+            row[f"{which}_ok"] = bool(o.success)
+            row[f"{which}_ttft_ms"] = 1000.0 * float(o.ttft or 0.0) if o.success else None
+            row[f"{which}_error"] = (o.error or "").strip().splitlines()[-1][:200] if not o.success and o.error else ""
+            row[f"{which}_compiles"] = compiles_per_rank(parse_compile_events(lines, first_line))
+        row["extra_ttft_ms"] = (row["first_ttft_ms"] - row["repeat_ttft_ms"]
+                                if row["first_ok"] and row["repeat_ok"] else None)
+        echo(f"unseen size {h}x{w}: first {fmt_ms(row['first_ttft_ms'])} ms, repeat "
+             f"{fmt_ms(row['repeat_ttft_ms'])} ms, compiles {sum(row['first_compiles'].values())} + "
+             f"{sum(row['repeat_compiles'].values())}")
+        rows.append(row)
+    return rows
+
+
 def run_bursts(
     *,
     base_url: str,
@@ -572,8 +767,20 @@ def run_bursts(
     timeout: Optional[float] = None,
     python: str = sys.executable,
     echo=print,
+    text_stream: Optional[dict] = None,
+    memory: Optional["MemorySampler"] = None,
+    unseen_sizes: Sequence[Tuple[int, int]] = (),
+    unseen_output_len: int = 4,
 ) -> dict:
     """Text warm-up (optional) then ``bursts`` image bursts; the raw results.
+
+    The reviewer's three costs (docs/benchmarks.md, "Beside the images"):
+    ``text_stream`` (``{"concurrency": N, "output_len": L}``) runs a text-only
+    stream of N concurrent requests during every image burst and records its
+    TTFTs; ``memory`` (a ``MemorySampler``) records each burst's peak memory
+    per rank; ``unseen_sizes`` ((height, width) pairs), after the bursts, sends
+    one fresh image of each size alone and then a second fresh image of the
+    same size, and records both TTFTs and the compiles each one caused.
 
     ``model`` and ``tokenizer`` go to bench_serving as they are (see
     ``local_model_dir``). ``timeout``: seconds per bench_serving run; None
@@ -647,7 +854,18 @@ def run_bursts(
         metrics_before = scrape_encoder_metrics(base_url)
         t0 = time.time()
         limit = timeout or burst_timeout_s(bcfg)
-        rec, rc, tail = run_bench_serving(cmd, out, os.path.join(work_dir, f"burst{k + 1}.log"), limit)
+        stream = None
+        if text_stream:
+            stream = TextStream(base_url, model, text_stream["concurrency"], text_stream["output_len"],
+                                seed=cfg.seed + 7919 * (k + 1))
+            stream.start()
+        if memory is not None:
+            memory.start()
+        try:
+            rec, rc, tail = run_bench_serving(cmd, out, os.path.join(work_dir, f"burst{k + 1}.log"), limit)
+        finally:
+            mem = memory.stop() if memory is not None else None
+            text = stream.stop() if stream is not None else None
         encoder = encoder_call_delta(metrics_before, scrape_encoder_metrics(base_url))
         first, lines = take_log()
         stats = summarize_record(rec, cfg.num_prompts, rc, tail)
@@ -659,10 +877,15 @@ def run_bursts(
         stats["wall_s"] = time.time() - t0
         stats["encoder"] = encoder  # from /metrics; None without the series' metrics
         stats.update(cache_hits(cfg, encoder, stats["completed"]))
+        stats["text_stream"] = text  # TTFTs of the text-only stream beside the burst
+        stats["memory"] = mem  # peak memory per rank over the burst
         same = [b["burst"] for b in result["bursts"] if b["seed"] == bcfg.seed]
         result["bursts"].append({"burst": k + 1, "seed": bcfg.seed, "command": cmd,
                                  "same_images_as_burst": same[0] if same else None,
                                  "stats": stats, "bench_serving": rec})
+    if unseen_sizes:
+        result["unseen_sizes"] = unseen_size_pass(base_url, model, unseen_sizes, unseen_output_len,
+                                                  take_log, seed=cfg.seed, echo=echo)
     if cursor is not None:
         take_log()
         events = parse_compile_events(after_ready)

@@ -32,7 +32,9 @@ needs a GPU, and keeps the preconditions a real GPU server has:
 
 Extra flags (after ``--`` in the harness): ``--stub-fail-launch N`` exits at
 the Nth start counted in ``$STUB_STATE_DIR``; ``--stub-chat-status CODE``
-answers every chat request with that HTTP status.
+answers every chat request with that HTTP status; ``--stub-token-delay S``
+waits S seconds before each streamed token (so a closed-loop client does not
+spin).
 """
 
 import argparse
@@ -123,6 +125,7 @@ def main():
     p.add_argument("--tp-size", type=int, default=1)
     p.add_argument("--stub-fail-launch", type=int, default=0)
     p.add_argument("--stub-chat-status", type=int, default=200)
+    p.add_argument("--stub-token-delay", type=float, default=0.0)
     args, _ = p.parse_known_args()
 
     counter = _state("launches")
@@ -215,6 +218,7 @@ def main():
             self.send_header("Connection", "close")
             self.end_headers()
             for _ in range(out):
+                time.sleep(args.stub_token_delay)
                 chunk = {"choices": [{"index": 0, "delta": {"content": "x"}}]}
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             usage = {"choices": [], "usage": {"completion_tokens": out}}

@@ -121,7 +121,10 @@ def _argv(box, *server_flags, runs=2, warmup=0, bursts=1, ready_timeout=("--read
 
 
 def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, capsys):
-    rc = AB.main(_argv(gpu_box, "--stub-fail-launch", "3", bursts=2, ready_timeout=()))
+    argv = _argv(gpu_box, "--stub-fail-launch", "3", "--stub-token-delay", "0.05", bursts=2, ready_timeout=())
+    beside = ["--text-stream-concurrency", "2", "--text-stream-output-len", "3",
+              "--unseen-sizes", "64x96,96x64", "--memory"]
+    rc = AB.main(beside + argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
     assert len(err) == 1 and "server exited with code 1" in err[0], err
@@ -185,6 +188,25 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
         assert r["caches"]["files_after"] == {v: 1 for v in AB.CACHE_VARS}
     assert [r["ready_timeout_s"] for r in ab["runs"]] == [1800.0, 300.0]
     assert "- compile caches: 2 of 2 launches cold" in md
+
+    # Issue 19, the reviewer's three costs (test_beside_the_images.py has the CPU memory path).
+    for r in ab["runs"]:
+        for burst in r["result"]["bursts"]:
+            text = burst["stats"]["text_stream"]
+            # A text-only stream ran beside every burst, 2 in flight, every request answered.
+            assert text["concurrency"] == 2 and text["completed"] >= 2 and text["failed"] == 0
+            assert text["p50_ttft_ms"] <= text["p99_ttft_ms"]
+            # The fake nvidia-smi shows both GPUs held by the server during the burst.
+            assert burst["stats"]["memory"] == {"gpu_peak_used_mib": {"0": 70000.0, "1": 70000.0}}
+        unseen = r["result"]["unseen_sizes"]
+        assert [(u["height"], u["width"]) for u in unseen] == [(64, 96), (96, 64)]
+        for u in unseen:
+            assert u["first_ok"] and u["repeat_ok"]
+            assert u["extra_ttft_ms"] == u["first_ttft_ms"] - u["repeat_ttft_ms"]
+            assert u["first_compiles"] == u["repeat_compiles"] == {}  # the stub compiles nothing
+    assert "Text-only stream beside the image bursts (2 concurrent requests, 3 output tokens" in md
+    assert "| base | 64x96 |" in md and "| series | 96x64 |" in md
+    assert "| series | 2 | 0: 70000; 1: 70000 |" in md
 
 
 def test_warm_up_completing_nothing_stops_the_whole_ab(gpu_box, capsys):
