@@ -326,6 +326,11 @@ def decision_tables(rank, world_size, init_method):
     from sglang.srt.multimodal.mm_utils import hip_dp_encoder_batches_vit
     from sglang.srt.runtime_context import get_disagg, get_mm, get_parallel, override_platform
 
+    # A one-rank process group, so that the gate's log_info_on_rank0 sees
+    # rank 0 as a server's rank 0 would (no TP groups are built).
+    torch.distributed.init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=world_size
+    )
     model_dir = T.write_config_dir()
     records = capture_log(vit_batching.logger.name).lines
     tables = {"gate": {}, "warm_up": {}, "warm_up_guards": {}}
