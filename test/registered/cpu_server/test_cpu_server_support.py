@@ -142,11 +142,10 @@ out = {"has_gate": hasattr(ms, "_batch_vit_across_requests"),
 if out["has_gate"]:
     import sglang.srt.multimodal.vision_warmup as vw
 
-    class Model:  # built with the DP encoder: its tower splits a call's images
-        use_data_parallel = True
+    from cpu_support.mm_harness import DecisionModel
 
-        def get_image_feature(self, items):
-            raise AssertionError("the gate must not encode")
+    def Model():  # a Qwen3-VL built with the DP encoder: its tower splits a call's images
+        return DecisionModel(True)
 
     encoder = Model().get_image_feature  # what the scheduler passes the gate
     res = {}
