@@ -754,16 +754,25 @@ def beside_tables(ab: dict, labels: Sequence[str]) -> List[str]:
     if stream:
         s0 = stream[0]["result"]["bursts"][0]["stats"]["text_stream"]
         out += ["", f"Text-only stream beside the image bursts ({s0['concurrency']} concurrent requests, "
-                    f"{s0['output_len']} output tokens; medians across runs, (min–max)):", "",
-                "| Build | Burst | Text mean TTFT (ms) | Text P50 TTFT (ms) | Text P99 TTFT (ms) | Text completed / failed |",
-                "|---|---|---|---|---|---|"]
+                    f"{s0['output_len']} output tokens; medians across runs, (min–max)). \"Beside images\": "
+                    "the requests sent while the burst's image requests were in flight (bench_serving's "
+                    "duration back from its exit, + 2 s); \"whole stream\": from before bench_serving's "
+                    "start-up to its exit:", "",
+                "| Build | Burst | Beside images: mean TTFT (ms) | P50 (ms) | P99 (ms) | completed / failed "
+                "| Whole stream: mean TTFT (ms) | P99 (ms) | completed / failed |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        none = {"mean_ttft_ms": None, "p50_ttft_ms": None, "p99_ttft_ms": None, "completed": 0, "failed": 0}
         for label in labels:
             mine = [r for r in stream if r["build"] == label]
             for k in range(max((len(r["result"]["bursts"]) for r in mine), default=0)):
                 ts = [r["result"]["bursts"][k]["stats"]["text_stream"] for r in mine
                       if k < len(r["result"]["bursts"])]
-                out.append(f"| {label} | {k + 1} | {fmt_spread(spread([t['mean_ttft_ms'] for t in ts]))} | "
-                           f"{fmt_spread(spread([t['p50_ttft_ms'] for t in ts]))} | "
+                ws = [t.get("in_window") or none for t in ts]
+                out.append(f"| {label} | {k + 1} | {fmt_spread(spread([t['mean_ttft_ms'] for t in ws]))} | "
+                           f"{fmt_spread(spread([t['p50_ttft_ms'] for t in ws]))} | "
+                           f"{fmt_spread(spread([t['p99_ttft_ms'] for t in ws]))} | "
+                           f"{sum(t['completed'] for t in ws)} / {sum(t['failed'] for t in ws)} | "
+                           f"{fmt_spread(spread([t['mean_ttft_ms'] for t in ts]))} | "
                            f"{fmt_spread(spread([t['p99_ttft_ms'] for t in ts]))} | "
                            f"{sum(t['completed'] for t in ts)} / {sum(t['failed'] for t in ts)} |")
     unseen = [r for r in runs if r["result"].get("unseen_sizes")]
@@ -986,11 +995,16 @@ def _partial_report(out_dir: str, builds: List[dict], command: str) -> None:
         f.write(text + f"\nINCOMPLETE: {state.get('error')}\n")
 
 
+class ABStopped(BaseException):
+    """SIGTERM. A BaseException, so that no ``except Exception`` on the way
+    (e.g. around a psutil call while a launch is polled) can swallow it."""
+
+
 def _stop_on_sigterm(signum, frame):
     # `timeout 90m python scripts/ab_image_burst.py ...` sends SIGTERM: leave
     # through the normal exits, so the running server is stopped and ab.json
     # records the interruption.
-    raise ABError(f"stopped by signal {signum} (SIGTERM)")
+    raise ABStopped(f"stopped by signal {signum} (SIGTERM)")
 
 
 def main(argv=None) -> int:
@@ -1023,7 +1037,7 @@ def _main(argv=None) -> int:
                           *(argv if argv is not None else sys.argv[1:])])
     try:
         ab = run_ab(args, builds, command=command)
-    except (ServerFailed, B.BenchError, ABError) as e:
+    except (ServerFailed, B.BenchError, ABError, ABStopped) as e:
         print(f"ab_image_burst: {str(e).splitlines()[0]} (finished runs: "
               f"{os.path.join(args.out_dir, 'ab.json')})", file=sys.stderr)
         _partial_report(args.out_dir, builds, command)

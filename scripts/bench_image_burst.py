@@ -607,9 +607,10 @@ class TextStream:
             while not self._stop.is_set():
                 rng = np.random.default_rng((self.seed, w, n))
                 text = f"Stream {w}.{n}: " + " ".join(rng.choice(words, size=24)) + ". Continue the list."
+                sent = time.time()
                 o = await func(request_func_input=_chat_input(
                     RequestFuncInput, self.model, api_url, [{"type": "text", "text": text}], self.output_len))
-                self.records.append({"worker": w, "n": n, "success": bool(o.success),
+                self.records.append({"worker": w, "n": n, "success": bool(o.success), "sent": sent,
                                      "ttft": float(o.ttft or 0.0), "error": (o.error or "")[-200:]})
                 n += 1
 
@@ -618,10 +619,33 @@ class TextStream:
 
         asyncio.run(drive())
 
-    def stop(self) -> dict:
+    def stop(self, window: Optional[Tuple[float, float]] = None) -> dict:
+        """The whole stream's TTFTs, and (``window``: wall-clock start, end) those
+        of the requests sent inside it (``in_window``)."""
         self._stop.set()
         self._thread.join(timeout=600)
-        return dict(_ttft_summary(self.records), concurrency=self.concurrency, output_len=self.output_len)
+        out = dict(_ttft_summary(self.records), concurrency=self.concurrency, output_len=self.output_len)
+        if window is not None:
+            out["window_s"] = window[1] - window[0]
+            out["in_window"] = _ttft_summary([r for r in self.records if window[0] <= r["sent"] <= window[1]])
+        return out
+
+
+# bench_serving's run ends this long at most after its last request completed
+# (results printed and written); the image window reaches back from the exit.
+IMAGE_WINDOW_SLACK_S = 2.0
+
+
+def image_window(record: Optional[dict], now: Optional[float] = None) -> Optional[Tuple[float, float]]:
+    """The wall-clock span in which a just-finished bench_serving run sent its
+    image requests: its ``duration`` (first request to last completion) back
+    from now, plus ``IMAGE_WINDOW_SLACK_S``; None without a duration. The
+    text stream runs from before bench_serving's start-up (tens of seconds of
+    imports), so only its requests sent in this window ran beside images."""
+    if not record or not record.get("duration"):
+        return None
+    end = time.time() if now is None else now
+    return (end - float(record["duration"]) - IMAGE_WINDOW_SLACK_S, end)
 
 
 def scheduler_pids(pids: Sequence[int]) -> Dict[int, str]:
@@ -777,7 +801,8 @@ def run_bursts(
     The reviewer's three costs (docs/benchmarks.md, "Beside the images"):
     ``text_stream`` (``{"concurrency": N, "output_len": L}``) runs a text-only
     stream of N concurrent requests during every image burst and records its
-    TTFTs; ``memory`` (a ``MemorySampler``) records each burst's peak memory
+    TTFTs, all of them and those sent while the burst's image requests were in
+    flight (``image_window``); ``memory`` (a ``MemorySampler``) records each burst's peak memory
     per rank; ``unseen_sizes`` ((height, width) pairs), after the bursts, sends
     one fresh image of each size alone and then a second fresh image of the
     same size, and records both TTFTs and the compiles each one caused.
@@ -861,11 +886,12 @@ def run_bursts(
             stream.start()
         if memory is not None:
             memory.start()
+        rec = None
         try:
             rec, rc, tail = run_bench_serving(cmd, out, os.path.join(work_dir, f"burst{k + 1}.log"), limit)
         finally:
             mem = memory.stop() if memory is not None else None
-            text = stream.stop() if stream is not None else None
+            text = stream.stop(image_window(rec)) if stream is not None else None
         encoder = encoder_call_delta(metrics_before, scrape_encoder_metrics(base_url))
         first, lines = take_log()
         stats = summarize_record(rec, cfg.num_prompts, rc, tail)

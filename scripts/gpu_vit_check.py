@@ -506,8 +506,9 @@ SECTIONS = [
 ]
 
 
-class CheckStopped(Exception):
-    """SIGTERM arrived: stop, keep what finished."""
+class CheckStopped(BaseException):
+    """SIGTERM arrived: stop, keep what finished. A BaseException, so that no
+    ``except Exception`` in the check (the graph section's) swallows it."""
 
 
 def write_atomic(path: str, text: str) -> None:

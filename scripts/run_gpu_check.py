@@ -331,7 +331,7 @@ def preflight(root, box_paths, device, backend):
         try:
             __import__(name)
         except BaseException as e:  # noqa: BLE001 - ImportError, AttributeError on an old torch, ...
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            if isinstance(e, (KeyboardInterrupt, SystemExit, RunnerStopped)):
                 raise
             why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             missing = getattr(e, "name", None)
@@ -366,18 +366,18 @@ def _unpack(archive: str, workdir: str) -> str:
     tmp = tempfile.mkdtemp(prefix=".unpack-", dir=workdir)
     with zipfile.ZipFile(archive) as z:
         z.extractall(tmp)
+    try:
+        os.rename(tmp, dest)
+    except OSError:  # another run unpacked it meanwhile
+        if not os.path.isfile(os.path.join(dest, MANIFEST)):
+            raise
     if (os.cpu_count() or 1) >= 8:
         # First imports would byte-compile a few thousand modules one by one;
         # on a GPU box's many cores, compiling the whole tree in parallel once
         # is faster (2 cores: 39 s for all 8.6k files, so left to the imports).
         import compileall
 
-        compileall.compile_dir(tmp, quiet=2, workers=os.cpu_count())
-    try:
-        os.rename(tmp, dest)
-    except OSError:  # another run unpacked it meanwhile
-        if not os.path.isfile(os.path.join(dest, MANIFEST)):
-            raise
+        compileall.compile_dir(dest, quiet=2, workers=os.cpu_count())
     return dest
 
 
@@ -430,8 +430,8 @@ def prepare(root: str):
     return manifest, finder, os.path.isdir(compiled)
 
 
-class RunnerStopped(Exception):
-    pass
+class RunnerStopped(BaseException):
+    """SIGTERM before or after the check (a BaseException: no ``except Exception`` swallows it)."""
 
 
 def _stop(signum, frame):

@@ -42,6 +42,7 @@ pytestmark = pytest.mark.control(
     reason="harness dry run: both trees are explicit --target folders, independent of the SGLang under test")
 
 import ab_image_burst as AB  # noqa: E402
+import bench_image_burst as B  # noqa: E402
 from cpu_support.make_tiny_model import make_tiny_model  # noqa: E402
 from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
 
@@ -196,6 +197,11 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
             # A text-only stream ran beside every burst, 2 in flight, every request answered.
             assert text["concurrency"] == 2 and text["completed"] >= 2 and text["failed"] == 0
             assert text["p50_ttft_ms"] <= text["p99_ttft_ms"]
+            # Beside the images: the requests sent within bench_serving's run (its duration + 2 s back
+            # from its exit), a part of the stream (how many depends on how long the exit lagged).
+            duration = burst["bench_serving"]["duration"]
+            assert abs(text["window_s"] - (duration + B.IMAGE_WINDOW_SLACK_S)) < 1e-6
+            assert text["in_window"]["completed"] < text["completed"]
             # The fake nvidia-smi shows both GPUs held by the server during the burst.
             assert burst["stats"]["memory"] == {"gpu_peak_used_mib": {"0": 70000.0, "1": 70000.0}}
         unseen = r["result"]["unseen_sizes"]
@@ -205,6 +211,7 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
             assert u["extra_ttft_ms"] == u["first_ttft_ms"] - u["repeat_ttft_ms"]
             assert u["first_compiles"] == u["repeat_compiles"] == {}  # the stub compiles nothing
     assert "Text-only stream beside the image bursts (2 concurrent requests, 3 output tokens" in md
+    assert "| Build | Burst | Beside images: mean TTFT (ms) |" in md
     assert "| base | 64x96 |" in md and "| series | 96x64 |" in md
     assert "| series | 2 | 0: 70000; 1: 70000 |" in md
 

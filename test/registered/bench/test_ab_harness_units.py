@@ -286,3 +286,13 @@ def test_prefetch_only_fetches_and_launches_nothing(tmp_path, monkeypatch):
     assert rc == 0 and calls == [("org/model", "abc123")]
     assert json.loads((out / "prefetch.json").read_text())["local_dir"] == str(tmp_path / "snap")
     assert sorted(p.name for p in out.iterdir()) == ["prefetch.json"]
+
+
+def test_sigterm_is_not_swallowed_by_a_broad_except():
+    """SIGTERM can land inside library code that catches Exception (a psutil
+    call while a launch is polled); the harness's stop must pass through it."""
+    with pytest.raises(AB.ABStopped, match="stopped by signal 15"):
+        try:
+            AB._stop_on_sigterm(15, None)
+        except Exception:  # noqa: BLE001 - what such library code does
+            pass

@@ -63,3 +63,8 @@ def test_bad_options_are_refused():
         with pytest.raises(SystemExit) as e:
             AB.parse(["--model-path", "m", *bad])
         assert e.value.code == 2
+
+
+def test_the_image_window_reaches_back_from_bench_serving_exit():
+    assert B.image_window({"duration": 3.0}, now=100.0) == (100.0 - 3.0 - B.IMAGE_WINDOW_SLACK_S, 100.0)
+    assert B.image_window(None) is None and B.image_window({"duration": 0}) is None
