@@ -76,9 +76,10 @@ def test_cli_parses_a_cap_and_rejects_a_non_positive_one(capsys):
         # argparse's usage, then one error line naming the option and the value.
         errors = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
         assert len(errors) == 1, errors
-        # (argparse shows its own "invalid <type> value" text for a ValueError.)
-        assert "error: argument --mm-max-encoder-patches-per-call: invalid " in errors[0], errors
-        assert errors[0].endswith(f"value: '{bad}'"), errors
+        assert errors[0].endswith(
+            "error: argument --mm-max-encoder-patches-per-call: "
+            f"must be a positive integer, got '{bad}'"
+        ), errors
 
 
 # ---------------------------------------------------------------------------
