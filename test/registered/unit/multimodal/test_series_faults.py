@@ -7,6 +7,8 @@ tiny Qwen3-VL through the real post-load hook and the real
 * rank 1's vision tower raises ``torch.OutOfMemoryError`` on its first call
   (the warm-up's): both ranks return from the hook, rank 1 logs one WARNING,
   and a later cross-request step through the DP runner works on both ranks;
+* rank 1's clean-up after its warm-up raises: it logs one WARNING, the hook
+  returns and the next cross-request step works on both ranks;
 * rank 1's Prometheus collector cannot be built (a full disk): the DP
   runner's call completes on both ranks with the same embeddings, and the
   failure is logged once;
@@ -118,6 +120,37 @@ def _warm_up_fault(rank, model):
     hook = {"calls": seen.calls, "lines": list(log.lines), "injected": bool(fault)}
     rows, calls = _step(model, _requests(seed=10))
     return {"hook": hook, "rows": rows, "calls": calls}
+
+
+def _clean_up_fault(rank, model):
+    """Rank 1's clean-up after a successful warm-up raises (a GPU fault while
+    freeing the warm-up's graphs)."""
+    from sglang.srt.multimodal import vision_warmup as W
+    from sglang.srt.runtime_context import get_mm, override_platform
+
+    log = H.capture_log("sglang.srt.multimodal.vision_warmup")
+    log.lines.clear()
+    real = W.drop_vit_cuda_graphs
+
+    def device_fault(tower):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+
+    if rank == 1:
+        W.drop_vit_cuda_graphs = device_fault
+    try:
+        with override_platform(**ROCM), get_mm().override(mm_enable_dp_encoder=True):
+            with TowerCalls() as seen:
+                seen.attach(model.visual)
+                H.post_load_hook(model)
+    finally:
+        W.drop_vit_cuda_graphs = real
+    rows, calls = _step(model, _requests(seed=40))
+    return {
+        "hook_calls": len(seen.calls),
+        "warnings": [m for level, m in log.lines if level == logging.WARNING],
+        "rows": rows,
+        "calls": calls,
+    }
 
 
 def _metrics_fault(rank, model):
@@ -273,6 +306,8 @@ def _rank_worker(rank, world_size, init_method):
     out["encoder_only"] = _encoder_only_grad_mode(model)
     out["warm_up_fault"] = _warm_up_fault(rank, model)
     out["reference"] = _reference(model, _requests(seed=10))
+    out["clean_up_fault"] = _clean_up_fault(rank, model)
+    out["clean_up_reference"] = _reference(model, _requests(seed=40))
     out["metrics_fault"] = _metrics_fault(rank, model)
     out["metrics_reference"] = [_reference(model, _requests(seed=s)) for s in (20, 30)]
     out["graph"] = _graph_cache(model)
@@ -314,6 +349,26 @@ def test_a_later_cross_request_step_works_on_both_ranks(ranks):
         assert fault["calls"] == [[(1, 8, 8)]], (rank, fault["calls"])
         assert torch.allclose(fault["rows"], out["reference"], atol=1e-5)
     assert torch.equal(ranks[0]["warm_up_fault"]["rows"], ranks[1]["warm_up_fault"]["rows"])
+
+
+def test_a_clean_up_fault_on_rank_1_warns_there_and_serving_goes_on(ranks):
+    for rank, out in enumerate(ranks):
+        fault = out["clean_up_fault"]
+        assert fault["hook_calls"] == 3  # the warm-up itself ran whole
+        if rank == 0:
+            assert fault["warnings"] == []
+        else:
+            assert fault["warnings"] == [
+                "vision warm-up clean-up failed on rank 1 "
+                "(Qwen3VLForConditionalGeneration): RuntimeError: CUDA error: an "
+                "illegal memory access was encountered; this rank serves with the "
+                "warm-up's memory still held"
+            ]
+        assert fault["calls"] == [[(1, 8, 8)]], (rank, fault["calls"])
+        assert torch.allclose(fault["rows"], out["clean_up_reference"], atol=1e-5)
+    assert torch.equal(
+        ranks[0]["clean_up_fault"]["rows"], ranks[1]["clean_up_fault"]["rows"]
+    )
 
 
 # --- metrics cannot raise inside the DP runner's collective region ------------
