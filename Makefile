@@ -13,4 +13,4 @@ demo: setup
 	$(PY) scripts/demo.py
 
 test: setup
-	$(PY) -m pytest -q test/registered
+	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder test/registered

@@ -6,7 +6,10 @@ test module imports sglang (see scripts/cpu_support/standins.py).
 """
 
 import os
+import re
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -23,6 +26,45 @@ prepare_cpu_process()
 
 
 # ---------------------------------------------------------------------------
+# Two workers (`make test` runs `pytest -n 2 --dist loadgroup`): a test module
+# is one unit of work, so its module-scoped rank pool or server runs once;
+# the modules that share the session's TP2 server are one unit. Units run
+# longest first (their `register_cpu_ci(est_time=...)`), so neither worker is
+# left with a long one at the end. The order is the same without workers.
+# ---------------------------------------------------------------------------
+
+SHARED_SERVER_GROUP = "cpu-server-shared-tp2"
+_EST_TIME = re.compile(r"register_cpu_ci\(\s*est_time=(\d+(?:\.\d+)?)")
+
+
+def _module(item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def _est_time(path, cache: dict) -> float:
+    if path not in cache:
+        found = _EST_TIME.search(open(path).read())
+        cache[path] = float(found.group(1)) if found else 0.0
+    return cache[path]
+
+
+def _order_work_units(items) -> None:
+    shared = {_module(i) for i in items if "shared_tp2_server" in i.fixturenames}
+    units: dict = {}
+    files: dict = {}
+    cache: dict = {}
+    for item in items:
+        module = _module(item)
+        unit = SHARED_SERVER_GROUP if module in shared else module
+        item.add_marker(pytest.mark.xdist_group(name=unit))
+        units.setdefault(unit, []).append(item)
+        files.setdefault(unit, set()).add(str(item.path))
+    est = {u: sum(_est_time(p, cache) for p in paths) for u, paths in files.items()}
+    # Stable: equal estimates keep collection order.
+    items[:] = [i for u in sorted(units, key=lambda u: -est[u]) for i in units[u]]
+
+
+# ---------------------------------------------------------------------------
 # Outcome report for scripts/run_tests_on_pristine.py (off unless it asks).
 # With FORK_TEST_REPORT=<file>, every test's outcome, its `control` reason (if
 # marked) and the sglang this process imported are written there as JSON.
@@ -34,6 +76,7 @@ _outcomes: dict = {}
 
 
 def pytest_collection_modifyitems(session, config, items):
+    _order_work_units(items)
     for item in items:
         marker = item.get_closest_marker("control")
         if marker is not None:

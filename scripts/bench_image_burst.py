@@ -309,14 +309,27 @@ class LogCursor:
 # ---------------------------------------------------------------------------
 
 
+_VERSION_PROBE = """
+import importlib.util, os
+path = os.path.join(os.path.dirname(importlib.util.find_spec("sglang").origin), "_version.py")
+if os.path.isfile(path):
+    ns = {}
+    exec(open(path).read(), ns)
+    print(ns["__version__"])
+else:
+    import importlib.metadata
+    print(importlib.metadata.version("sglang"))
+"""
+
+
 def sglang_version(python: str = sys.executable, python_path: Sequence[str] = ()) -> str:
     env = dict(os.environ)
     if python_path:
         env["PYTHONPATH"] = os.pathsep.join(list(python_path) + [env.get("PYTHONPATH", "")])
-    out = subprocess.run(
-        [python, "-c", "import sglang.version as v; print(v.__version__)"],
-        capture_output=True, text=True, env=env,
-    )
+    # The build's generated sglang/_version.py read on its own (else its
+    # metadata): importing the package would import most of SGLang (seconds)
+    # for one string.
+    out = subprocess.run([python, "-c", _VERSION_PROBE], capture_output=True, text=True, env=env)
     return out.stdout.strip() or "unknown"
 
 

@@ -1,7 +1,7 @@
 """Patch a module right after it is imported, and chain start-up hooks.
 
 Shared by the CPU server's test-only start-up hooks (the ``sitecustomize.py``
-files in ``fault_injection/`` and ``vit_profile/``), which import it at
+files in ``fault_injection/``, ``rocm_gate_sim/`` and ``vit_profile/``), which import it at
 interpreter start-up: standard library only.
 """
 

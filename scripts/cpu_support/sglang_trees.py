@@ -11,13 +11,15 @@ Python with the right dependencies import that sglang instead of its own.
 * series: a copy of pristine with ``scripts/series.py apply`` run on it.
   It is rebuilt when the series' hash changes.
 
-Each tree is filled in a temporary folder of its own and renamed into place,
-so processes that build the same tree at once do not collide.
+Each tree is built under a lock file beside it, filled in a temporary folder
+and renamed into place, so processes that need the same tree at once build it
+once and never see it half-made.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import glob
 import json
 import os
@@ -59,6 +61,16 @@ def _build(dest: str, fill, keep=lambda path: False) -> None:
     then rename it into place. Several processes (test runs, agents) may build
     the same tree at once: each fills its own folder, and when ``dest``
     appeared meanwhile and ``keep(dest)`` says it is good, that one stays."""
+    # One builder at a time (test workers, agents); a later one finds the
+    # tree made and keeps it.
+    with open(dest + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.isdir(dest) and keep(dest):
+            return
+        _build_unlocked(dest, fill, keep)
+
+
+def _build_unlocked(dest: str, fill, keep) -> None:
     tmp = tempfile.mkdtemp(prefix=os.path.basename(dest) + ".tmp-", dir=os.path.dirname(dest))
     try:
         fill(tmp)

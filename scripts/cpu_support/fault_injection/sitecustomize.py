@@ -1,12 +1,14 @@
-"""Test-only start-up hook: make one rank's vision tower fail its first call.
+"""Test-only start-up hook: make one rank's vision warm-up clean-up fail.
 
 NOT part of the patch series. A test puts this directory on the CPU server's
-``PYTHONPATH`` and sets ``FORK_FAULT_VISION_OOM_RANK=N``; Python imports this
-``sitecustomize`` in every server process. When ``sglang.srt.models.qwen3_vl``
-is imported, the forward of its vision tower (``Qwen3VLMoeVisionModel``) is
-wrapped: in the process whose TP rank is N, the first call raises
-``torch.OutOfMemoryError`` (what a busy GPU does to the vision warm-up);
-every later call, and every call on the other ranks, runs the real forward.
+``PYTHONPATH`` and sets ``FORK_FAULT_WARM_UP_CLEAN_UP_RANK=N``; Python imports
+this ``sitecustomize`` in every server process. When
+``sglang.srt.multimodal.vision_warmup`` is imported, its
+``drop_vit_cuda_graphs`` (the first step of the clean-up after the warm-up)
+is wrapped: in the process whose TP rank is N, the first call raises
+``RuntimeError`` (what a device fault while freeing does); every later call,
+and every call on the other ranks, runs the real function. The warm-up itself
+runs whole on every rank, so the server's other tests see a warmed server.
 Each injected failure is written to stderr, so the server log shows it.
 
 The next ``sitecustomize`` on ``sys.path`` (e.g. the ROCm gate simulation) is
@@ -20,41 +22,36 @@ import sys
 sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from cpu_support.post_import import chain_next_sitecustomize, patch_after_import  # noqa: E402
 
-_ENV = "FORK_FAULT_VISION_OOM_RANK"
-_MODULE = "sglang.srt.models.qwen3_vl"
-_TOWER = "Qwen3VLMoeVisionModel"
+ENV = "FORK_FAULT_WARM_UP_CLEAN_UP_RANK"
+_MODULE = "sglang.srt.multimodal.vision_warmup"
+_TARGET = "drop_vit_cuda_graphs"
+MESSAGE = "device fault while freeing (injected by the fork's fault test)"
 
 
 def _patch(module):
-    cls = getattr(module, _TOWER, None)
-    if cls is None or getattr(cls.forward, "__fork_fault__", False):
+    real = getattr(module, _TARGET, None)
+    if real is None or getattr(real, "__fork_fault__", False):
         return
-    real = cls.forward
-    target = int(os.environ[_ENV])
+    target = int(os.environ[ENV])
     state = {"failed": False}
 
-    def forward(self, *args, **kwargs):
+    def drop_vit_cuda_graphs(tower):
         from sglang.srt.runtime_context import get_parallel
 
         if not state["failed"] and get_parallel().tp_rank == target:
             state["failed"] = True
             sys.stderr.write(
                 f"[fork fault injection] pid {os.getpid()}: rank {target} vision "
-                "tower raises torch.OutOfMemoryError on its first call\n"
+                f"warm-up clean-up raises RuntimeError\n"
             )
-            import torch
+            raise RuntimeError(MESSAGE)
+        return real(tower)
 
-            raise torch.OutOfMemoryError(
-                "CUDA out of memory. Tried to allocate 2.00 GiB (injected by the "
-                "fork's fault test)"
-            )
-        return real(self, *args, **kwargs)
-
-    forward.__fork_fault__ = True
-    forward.__wrapped__ = real
-    cls.forward = forward
+    drop_vit_cuda_graphs.__fork_fault__ = True
+    drop_vit_cuda_graphs.__wrapped__ = real
+    setattr(module, _TARGET, drop_vit_cuda_graphs)
 
 
-if os.environ.get(_ENV):
+if os.environ.get(ENV):
     patch_after_import(_MODULE, _patch)
 chain_next_sitecustomize(__file__)

@@ -4,11 +4,12 @@ NOT part of the patch series and not a product feature. The CPU server
 (``cpu_support/cpu_server.py``) puts this directory on ``PYTHONPATH`` and sets
 ``FORK_DEMO_SIMULATE_ROCM_GATE=1`` only when a demo or benchmark asks for it;
 Python then imports this ``sitecustomize`` at start-up in every server
-process (HTTP server, tokenizer manager, every scheduler rank).
+process (HTTP server, tokenizer manager, every scheduler rank). The next
+``sitecustomize`` on ``sys.path`` is loaded afterwards, so hooks combine.
 
 On a CPU, SGLang batches ViT cache misses across requests like CUDA does. To
 show the ROCm decision on the CPU server, this hook patches sglang's modules
-right after they are imported (a post-import hook on ``sys.meta_path``):
+right after they are imported (``cpu_support/post_import.py``):
 
 * series build (``mm_schedule._batch_vit_across_requests`` exists): that
   gate, ``mm_utils.hip_dp_encoder_batches_vit`` and the vision warm-up's
@@ -31,10 +32,12 @@ Images per rank are not logged here: the burst harness reads them from the
 series' ``sglang:mm_encoder_rank_images_total`` on ``/metrics``.
 """
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
+
+# scripts/, so that cpu_support imports in this server process.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from cpu_support.post_import import chain_next_sitecustomize, patch_after_import  # noqa: E402
 
 _ENV = "FORK_DEMO_SIMULATE_ROCM_GATE"
 _MM_UTILS = "sglang.srt.multimodal.mm_utils"
@@ -108,45 +111,7 @@ _PATCHERS = {
 }
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, loader, patch):
-        self._loader = loader
-        self._patch = patch
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        self._patch(module)
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-
-class _PostImportPatcher(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        patch = _PATCHERS.get(fullname)
-        if patch is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, patch)
-                return spec
-        return None
-
-
-def install():
-    if any(isinstance(f, _PostImportPatcher) for f in sys.meta_path):
-        return
-    for name, patch in _PATCHERS.items():
-        if name in sys.modules:  # imported before us (should not happen)
-            patch(sys.modules[name])
-    sys.meta_path.insert(0, _PostImportPatcher())
-
-
 if os.environ.get(_ENV) == "1":
-    install()
+    for _name, _patch in _PATCHERS.items():
+        patch_after_import(_name, _patch)
+chain_next_sitecustomize(__file__)

@@ -4,7 +4,7 @@ the pre-fix algorithm the bench keeps as its reference."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
 import math
 import random

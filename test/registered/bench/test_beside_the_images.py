@@ -8,7 +8,7 @@ against a process that carries a scheduler's title, and the option checks.
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
 import subprocess  # noqa: E402
 import sys  # noqa: E402

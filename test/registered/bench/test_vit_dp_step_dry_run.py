@@ -9,7 +9,7 @@ over both ranks as the DP encoder's load balancer assigns them.
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=45, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
 

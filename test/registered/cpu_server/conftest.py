@@ -10,23 +10,50 @@ text request and BURSTS bursts of PROMPTS requests of IMAGES 224x224 images
 each, one request at a time (``--max-concurrency 1``: each request is one
 prefill step, so one encoder call, whose two equal images the DP encoder
 gives one to each rank), each burst with new images (``--seed-step 1``).
-test_cpu_server_e2e.py checks the gate, the warm-up, the metrics and the
-harness on it; test_cpu_server_second_family.py the family's warm-up plan and
-the compiles after ready.
+Rank 1's clean-up after its vision warm-up is made to raise
+(``cpu_support/fault_injection``): the warm-up itself runs whole on both
+ranks, so the warm-up and compile checks hold, and the server has to get
+ready and serve with one rank's failure. test_cpu_server_e2e.py checks the
+gate, the warm-up, the metrics and the harness on it;
+test_cpu_server_second_family.py the family's warm-up plan and the compiles
+after ready; test_cpu_server_faults.py the fault.
 """
 
+import os
 import urllib.request
 
+import psutil
 import pytest
 
 BURSTS, PROMPTS, IMAGES = 2, 2, 2
 # 224x224, patch 14, merge 2: a 16x16 patch grid, 64 image tokens.
 IMAGE_TOKENS = 64
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))), "scripts")
+FAULT_DIR = os.path.join(SCRIPTS, "cpu_support", "fault_injection")
+FAULT_ENV = "FORK_FAULT_WARM_UP_CLEAN_UP_RANK"
+FAULT_RANK = 1
 
 
-def _metrics(srv):
+def _schedulers(pids):
+    """PID -> title of each live scheduler process (SGLang titles them
+    ``sglang::scheduler...``)."""
+    found = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            title = " ".join(proc.cmdline()) or proc.name()
+            if proc.status() != psutil.STATUS_ZOMBIE and "sglang::scheduler" in title:
+                found[pid] = title
+        except psutil.Error:
+            continue
+    return found
+
+
+def _while_up(srv):
     with urllib.request.urlopen(f"{srv.base_url}/metrics", timeout=30) as r:
-        return r.read().decode()
+        metrics = r.read().decode()
+    return {"metrics": metrics, "schedulers": _schedulers(srv.pids())}
 
 
 @pytest.fixture(scope="session")
@@ -36,15 +63,20 @@ def shared_tp2_server(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("cpu-server-tp2")
     model = make_tiny_model(str(work / "model"), family="qwen2_5_vl")
-    served = serve_and_burst(
-        model, work,
-        ["--bursts", str(BURSTS), "--seed-step", "1",
-         "--num-prompts", str(PROMPTS), "--max-concurrency", "1",
-         "--image-count", str(IMAGES), "--image-resolution", "224x224",
-         "--input-len", "16", "--output-len", "2", "--warmup-text-prompts", "1"],
-        timeout=1500, server_kwargs={"simulate_rocm_gate": True}, while_up=_metrics,
-    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(FAULT_ENV, str(FAULT_RANK))
+        old = os.environ.get("PYTHONPATH")
+        mp.setenv("PYTHONPATH", os.pathsep.join([FAULT_DIR] + ([old] if old else [])))
+        served = serve_and_burst(
+            model, work,
+            ["--bursts", str(BURSTS), "--seed-step", "1",
+             "--num-prompts", str(PROMPTS), "--max-concurrency", "1",
+             "--image-count", str(IMAGES), "--image-resolution", "224x224",
+             "--input-len", "16", "--output-len", "2", "--warmup-text-prompts", "1"],
+            timeout=1500, server_kwargs={"simulate_rocm_gate": True}, while_up=_while_up,
+        )
     with open(served["srv"].log_path, errors="replace") as f:
         log = f.read()
-    yield dict(served, log=log, metrics=served["while_up"],
-               workload=(BURSTS, PROMPTS, IMAGES, IMAGE_TOKENS))
+    up = served["while_up"]
+    yield dict(served, log=log, metrics=up["metrics"], schedulers=up["schedulers"],
+               fault_rank=FAULT_RANK, workload=(BURSTS, PROMPTS, IMAGES, IMAGE_TOKENS))

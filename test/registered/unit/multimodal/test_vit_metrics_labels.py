@@ -13,7 +13,7 @@ import pytest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
 
 from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support.ranks import run_on_ranks  # noqa: E402
