@@ -44,7 +44,9 @@ default ``./gpu_vit_check_out``):
    compared with the box's versions (a too-old ``typing_extensions`` is
    replaced by the packed fallback copy, first on the path), then torch and
    every SGLang module the check uses are imported. A failure ends the run in
-   seconds with one line naming the module or distribution (exit 3);
+   seconds with one line naming the module or distribution (exit 3); with
+   ``--device cuda`` and no GPU visible to torch it ends before SGLang's
+   imports, as the check itself would (exit 2);
 3. the check (``gpu_vit_check.py``), which writes each section's table and
    JSON as soon as it ends;
 4. ``bare_runner.json``. On SIGTERM (``timeout``) the check stops, the
@@ -303,6 +305,9 @@ def requirement_conflicts(archive_paths, box_paths):
     return conflicts, sorted(set(absent))
 
 
+NO_GPU = "--device cuda but torch sees no GPU (use --tiny for the CPU path)"
+
+
 def preflight(root, box_paths, device, backend):
     """Check the box against the packed code before anything is built."""
     record = dict(fallback_used=[], conflicts=[], absent=[], imported=[], error=None)
@@ -328,6 +333,10 @@ def preflight(root, box_paths, device, backend):
     modules = ["torch"] + (["triton"] if backend == "triton_attn" else []) + CHECK_MODULES
     t0 = time.perf_counter()
     for name in modules:
+        if name == CHECK_MODULES[0] and device == "cuda" and not sys.modules["torch"].cuda.is_available():
+            # Before SGLang's imports (seconds): the check cannot run anyway.
+            record["error"] = NO_GPU
+            break
         try:
             __import__(name)
         except BaseException as e:  # noqa: BLE001 - ImportError, AttributeError on an old torch, ...
@@ -496,7 +505,10 @@ def main(argv=None) -> int:
         pre = preflight(root, box_paths, device, backend)
         write_json(os.path.join(out, "preflight.json"), pre)
         record["preflight"] = pre
-        if pre["error"]:
+        if pre["error"] == NO_GPU:
+            status, error = 2, NO_GPU
+            print(f"run_gpu_check: error: {error}", file=sys.stderr)
+        elif pre["error"]:
             status, error = 3, f"preflight: {pre['error']}"
             print(f"run_gpu_check: {error}", file=sys.stderr)
         else:
