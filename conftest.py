@@ -75,6 +75,8 @@ _controls: dict = {}
 _outcomes: dict = {}
 
 
+# First: pytest-xdist's own hook turns the xdist_group marks into groups.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session, config, items):
     _order_work_units(items)
     for item in items:
@@ -85,17 +87,22 @@ def pytest_collection_modifyitems(session, config, items):
             )
 
 
+def _plain(nodeid: str) -> str:
+    """The test's id without the ``@group`` that xdist's loadgroup appends."""
+    return nodeid.split("@", 1)[0]
+
+
 def pytest_collectreport(report):
     # A module that cannot even be collected (e.g. it imports a module only
     # the series has) counts as one error under the module's id.
     if os.environ.get(REPORT_ENV) and report.failed:
-        _outcomes.setdefault(report.nodeid, {})["outcome"] = "error"
+        _outcomes.setdefault(_plain(report.nodeid), {})["outcome"] = "error"
 
 
 def pytest_runtest_logreport(report):
     if not os.environ.get(REPORT_ENV):
         return
-    seen = _outcomes.setdefault(report.nodeid, {})
+    seen = _outcomes.setdefault(_plain(report.nodeid), {})
     if report.failed:
         seen["outcome"] = "failed" if report.when == "call" else "error"
     elif report.skipped and "outcome" not in seen:
