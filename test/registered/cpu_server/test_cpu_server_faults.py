@@ -80,7 +80,9 @@ def test_bursts_reach_both_ranks_and_every_request_answers(shared_tp2_server):
 @pytest.mark.slow
 def test_both_scheduler_processes_live_on(shared_tp2_server):
     # Both scheduler processes (one per TP rank), alive after the bursts, are
-    # the ones that were up when /health first answered.
+    # the ones that were up when /health first answered, rank 1's fault
+    # notwithstanding.
+    assert [int(r) for r in INJECTED.findall(_before_ready(shared_tp2_server))] == [FAULT_RANK]
     after = shared_tp2_server["schedulers"]
     assert len(after) == 2, after
     assert set(after) <= set(shared_tp2_server["pids"])

@@ -288,7 +288,13 @@ def tower_report():
     return run_on_ranks(_tower_worker, 1, TOWER_GRIDS, timeout=400, threads_per_rank=1)[0]
 
 
-@pytest.mark.parametrize("dtype", ["torch.float32", "torch.bfloat16"])
+@pytest.mark.parametrize("dtype", [
+    "torch.float32",
+    pytest.param("torch.bfloat16", marks=pytest.mark.control(
+        reason="bf16: the tiny tower's rows are bitwise the per-image ones on pristine too (bf16 "
+               "rounding hides the masked call's differences, which the fp32 case catches); "
+               "kept as the bf16 property the series must not break")),
+])
 def test_tower_batched_embeddings_are_bitwise_the_per_image_ones(tower_report, dtype):
     report = tower_report[dtype]
     assert report["rows"] == report["total"]
