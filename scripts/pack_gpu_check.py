@@ -26,7 +26,9 @@ PURE, COMPILED and STANDINS were found by running the check's import chain
 torch and its dependencies installed. Versions are exact: sglang's own pins
 as in requirements/cpu.txt, the others what pip resolves for that file.
 Wheels are downloaded with ``pip download`` into ``.cache/gpu_check_wheels``
-(once); the sglang wheel comes from ``.cache/wheels`` (downloaded if absent).
+(once; ``--fetch-only`` downloads and stops, which ``make setup`` runs for
+its own Python); the sglang wheel comes from ``.cache/wheels`` (downloaded if
+absent).
 
 The archive is written to a temporary file beside --out and renamed into
 place only when it is complete and under --max-mib; on any error nothing is
@@ -192,6 +194,16 @@ def _series_patches():
         return [ln.strip() for ln in f if ln.strip() and not ln.strip().startswith("#")]
 
 
+def fetch(python: str, wheel_cache: str, sglang_cache: str) -> None:
+    """Every wheel the archive takes, in the caches (downloaded once)."""
+    _sglang_wheel(sglang_cache)
+    os.makedirs(wheel_cache, exist_ok=True)
+    for spec in PURE + FALLBACK:
+        _pip_download(spec, wheel_cache, None)
+    for spec in COMPILED:
+        _pip_download(spec, wheel_cache, python)
+
+
 def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
     """Fill ``work`` with the archive's tree; return the manifest."""
     site = os.path.join(work, "site")
@@ -281,11 +293,20 @@ def main(argv=None) -> int:
     p.add_argument("--wheel-cache", default=os.path.join(REPO, ".cache", "gpu_check_wheels"))
     p.add_argument("--sglang-cache", default=os.path.join(REPO, ".cache", "wheels"),
                    help="where the sglang wheel is (scripts/setup_env.sh downloads it there)")
+    p.add_argument("--fetch-only", action="store_true",
+                   help="only download the wheels into --wheel-cache (make setup does, for its own Python)")
     args = p.parse_args(argv)
     if not re.fullmatch(r"3\.\d{1,2}", args.python):
         p.error(f"--python must look like 3.12, not {args.python!r}")
     if args.max_mib <= 0:
         p.error("--max-mib must be positive")
+    if args.fetch_only:
+        try:
+            fetch(args.python, args.wheel_cache, args.sglang_cache)
+        except PackError as e:
+            print(f"pack_gpu_check.py: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     work = tempfile.mkdtemp(prefix="pack-gpu-check-")
     try:
         manifest = stage(work, args.python, args.wheel_cache, args.sglang_cache)

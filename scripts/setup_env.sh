@@ -52,9 +52,17 @@ if [ ! -f "$STAMP" ]; then
   touch "$STAMP"
 fi
 
+# The wheels the bare-GPU archive packs, for this Python (its tests pack one):
+# downloaded here once, not inside a test.
+"$VENV/bin/python" scripts/pack_gpu_check.py --fetch-only \
+  --python "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # The venv is ours: when the series changed since it was applied (a patch was
 # edited or added), --replace checks the new series against the saved upstream
 # files, reverts the old one and applies the new one. Plain `apply` refuses, as
 # it must on somebody else's tree.
 "$VENV/bin/python" scripts/series.py apply --replace --target "$SITE"
+# The pristine and series trees (the A/B tests, the pristine run), built once
+# here; a later series change rebuilds the series tree on first use.
+"$VENV/bin/python" scripts/cpu_support/sglang_trees.py >/dev/null
