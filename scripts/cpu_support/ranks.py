@@ -4,8 +4,10 @@ Each rank is a fresh process forked from a ``forkserver`` that imported
 torch and SGLang once (``cpu_support.rank_preload``), so a rank starts in
 well under a second instead of re-importing them, yet holds no state a rank
 before it left: no compiled frame, no process group, no module-level cache.
-It runs with the parent's environment and ``sys.path`` as they are when it
-starts, calls :func:`cpu_support.standins.prepare_cpu_process`, then
+(A rank whose ``MALLOC_*`` variables differ from the forkserver's is
+spawned instead: glibc reads them only at process start.) It runs with the
+parent's environment and ``sys.path`` as they are when it starts, calls
+:func:`cpu_support.standins.prepare_cpu_process`, then
 ``fn(rank, world_size, init_method, *args)``. The parent returns the list of
 per-rank results. If any rank raises or dies, the others are killed at once
 and the parent raises with that rank's traceback: a dead worker must never
@@ -15,13 +17,13 @@ leave a collective hanging.
 from __future__ import annotations
 
 import multiprocessing as mp
-from multiprocessing import forkserver
 import os
 import pickle
 import queue
 import socket
 import time
 import traceback
+from multiprocessing import forkserver
 from typing import Any, Callable, List
 
 
@@ -39,7 +41,21 @@ def free_port() -> int:
 PRELOAD = "cpu_support.rank_preload"
 
 
+# glibc reads these when a process starts, not when it forks: a rank that
+# needs other values than the forkserver started with is spawned instead.
+_STARTUP_ONLY_PREFIX = "MALLOC_"
+_forkserver_startup_env = None
+
+
+def _startup_env():
+    return {k: v for k, v in os.environ.items() if k.startswith(_STARTUP_ONLY_PREFIX)}
+
+
 def _context():
+    global _forkserver_startup_env
+    if _forkserver_startup_env is not None and _startup_env() != _forkserver_startup_env:
+        return mp.get_context("spawn")
+    _forkserver_startup_env = _startup_env()
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([PRELOAD])
     # Python 3.11's forkserver does not take the parent's sys.path, only its

@@ -20,6 +20,14 @@ import gpu_vit_dp_step as D  # noqa: E402
 BURST = "64x64:3,128x64:2"  # 5 requests: 16 and 32 patches, interleaved
 
 
+@pytest.fixture(autouse=True)
+def _restore_malloc_env(monkeypatch):
+    # The dry run pins glibc's MALLOC_* for its ranks in this process's
+    # environment; later modules' ranks must not inherit it.
+    for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)  # restored after the test
+
+
 def test_dry_run_per_request_vs_one_cross_request_call(tmp_path):
     out = tmp_path / "new" / "dir"
     assert D.main(["--dry-run", "--repeats", "1", "--burst", BURST, "--out", str(out)]) == 0
