@@ -11,6 +11,8 @@ Python with the right dependencies import that sglang instead of its own.
 * series: a copy of pristine with ``scripts/series.py apply`` run on it.
   It is rebuilt when the series' hash changes.
 
+Both are byte-compiled when built, as pip compiles an installed package.
+
 Each tree is built under a lock file beside it, filled in a temporary folder
 and renamed into place, so processes that need the same tree at once build it
 once and never see it half-made.
@@ -19,6 +21,7 @@ once and never see it half-made.
 from __future__ import annotations
 
 import argparse
+import compileall
 import fcntl
 import glob
 import json
@@ -85,12 +88,19 @@ def _build_unlocked(dest: str, fill, keep) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _byte_compile(tree: str) -> None:
+    """Compile the tree's sources once, as pip does for an installed package,
+    so that no server or probe that imports from it pays for it."""
+    compileall.compile_dir(os.path.join(tree, "sglang"), quiet=1, workers=0)
+
+
 def _unpack(wheel: str, dest: str) -> None:
     def fill(tmp):
         with zipfile.ZipFile(wheel) as z:
             members = [m for m in z.namelist()
                        if m.startswith("sglang/") or m.split("/")[0].endswith(".dist-info")]
             z.extractall(tmp, members)
+        _byte_compile(tmp)
 
     _build(dest, fill, keep=lambda d: os.path.isfile(os.path.join(d, "sglang", "version.py")))
 
@@ -135,6 +145,7 @@ def series_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
         if proc.returncode != 0:
             raise TreeError(f"series.py apply failed on a pristine {version} tree: "
                             f"{(proc.stdout + proc.stderr).strip()}")
+        _byte_compile(tmp)  # the patched and new files; the rest came compiled
 
     _build(dest, fill, keep=current)
     return dest
