@@ -71,6 +71,7 @@ def _order_work_units(items) -> None:
 # ---------------------------------------------------------------------------
 
 REPORT_ENV = "FORK_TEST_REPORT"
+CONTROL_PROPERTY = "fork_control_reason"
 _controls: dict = {}
 _outcomes: dict = {}
 
@@ -82,9 +83,10 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         marker = item.get_closest_marker("control")
         if marker is not None:
-            _controls[item.nodeid] = marker.kwargs.get("reason") or (
-                marker.args[0] if marker.args else ""
-            )
+            reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
+            # Carried on the test's reports, which reach the xdist controller
+            # (that writes the report) from the worker that collected it.
+            item.user_properties.append((CONTROL_PROPERTY, reason))
 
 
 def _plain(nodeid: str) -> str:
@@ -102,7 +104,11 @@ def pytest_collectreport(report):
 def pytest_runtest_logreport(report):
     if not os.environ.get(REPORT_ENV):
         return
-    seen = _outcomes.setdefault(_plain(report.nodeid), {})
+    nodeid = _plain(report.nodeid)
+    seen = _outcomes.setdefault(nodeid, {})
+    for name, value in report.user_properties:
+        if name == CONTROL_PROPERTY:
+            _controls[nodeid] = value
     if report.failed:
         seen["outcome"] = "failed" if report.when == "call" else "error"
     elif report.skipped and "outcome" not in seen:

@@ -10,6 +10,7 @@ import importlib.util
 import os
 import sys
 
+
 class _Loader(importlib.abc.Loader):
     def __init__(self, loader, patches):
         self._loader = loader

@@ -157,6 +157,19 @@ def per_path(gate, requests_images):
     return counts
 
 
+def one_step(model, tower_calls, gate, requests):
+    """Each request's rows encoded alone, then one prefill step under
+    ``gate`` with the tower's calls counted from there; checks the gate's
+    line and returns (the step's rows, the reference rows)."""
+    with torch.no_grad():
+        reference = H.reference_rows(model, requests)
+        tower_calls.reset()
+        with setting(*gate) as lines:
+            out = H.run_prefill_embedding(model, requests)
+    assert lines == decided(gate)
+    return out, reference
+
+
 def _two_single_image_requests():
     return [H.make_request([(1, 8, 8)], seed=11), H.make_request([(1, 12, 8)], seed=12)]
 
@@ -167,12 +180,7 @@ GATES = [BATCHED, PER_REQUEST, ("NPU", True), ("XPU", True)]
 @pytest.mark.parametrize("gate", GATES, ids=["CUDA", "ROCm-tp1", "NPU", "XPU"])
 def test_two_single_image_requests_one_call_only_when_batching(model, tower_calls, gate):
     requests = _two_single_image_requests()
-    with torch.no_grad():
-        reference = H.reference_rows(model, requests)
-        tower_calls.reset()
-        with setting(*gate) as lines:
-            out = H.run_prefill_embedding(model, requests)
-    assert lines == decided(gate)
+    out, reference = one_step(model, tower_calls, gate, requests)
     assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
 
@@ -221,12 +229,7 @@ def test_cached_entry_with_wrong_token_count_is_reencoded(model, tower_calls, ga
     requests = _two_single_image_requests()
     stale = requests[0].items[0]
     mm_schedule.embedding_cache.set(stale.hash, EmbeddingResult(embedding=torch.zeros(3, 128)))
-    with torch.no_grad():
-        reference = H.reference_rows(model, requests)
-        tower_calls.reset()
-        with setting(*gate) as lines:
-            out = H.run_prefill_embedding(model, requests)
-    assert lines == decided(gate)
+    out, reference = one_step(model, tower_calls, gate, requests)
     # The stale entry was not served: both images went to the encoder.
     assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
@@ -245,12 +248,7 @@ def test_multi_span_items_take_the_full_path(model, tower_calls, gate):
     item.offsets = [(start, start + half - 1), (start + half + 3, end + 3)]
     video_req.length += 3
     requests = [single, video_req, other]
-    with torch.no_grad():
-        reference = H.reference_rows(model, requests)
-        tower_calls.reset()
-        with setting(*gate) as lines:
-            out = H.run_prefill_embedding(model, requests)
-    assert lines == decided(gate)
+    out, reference = one_step(model, tower_calls, gate, requests)
     if gate == BATCHED:
         # The two single-span images in one call, the video in its own.
         assert sorted(tower_calls.calls, key=len) == [[(1, 8, 8)], [(1, 8, 8), (1, 8, 12)]]
@@ -266,12 +264,7 @@ def test_colliding_hashes_with_different_lengths_are_not_deduplicated(model, tow
     b = H.make_request([(1, 8, 12)], seed=42)
     b.items[0].hash = a.items[0].hash  # same hash, different token count
     requests = [a, b]
-    with torch.no_grad():
-        reference = H.reference_rows(model, requests)
-        tower_calls.reset()
-        with setting(*gate) as lines:
-            out = H.run_prefill_embedding(model, requests)
-    assert lines == decided(gate)
+    out, reference = one_step(model, tower_calls, gate, requests)
     assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
     assert out.shape[0] == 16 + 24
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
@@ -290,12 +283,7 @@ def test_chunk_windows_that_cut_an_image_return_the_right_rows(model, tower_call
     prefix, extend = cut
     requests = [H.make_request([(1, 8, 8), (1, 8, 12)], seed=51), H.make_request([(1, 12, 8)], seed=52)]
     requests[0].prefix, requests[0].extend = prefix, extend
-    with torch.no_grad():
-        reference = H.reference_rows(model, requests)
-        tower_calls.reset()
-        with setting(*gate) as lines:
-            out = H.run_prefill_embedding(model, requests)
-    assert lines == decided(gate)
+    out, reference = one_step(model, tower_calls, gate, requests)
     expected = per_path(gate, [_images_in_window(r) for r in requests])
     assert [len(c) for c in tower_calls.calls] == expected
     assert out.shape == reference.shape
