@@ -189,19 +189,22 @@ def server_env(
 def _descendants(pid: int) -> List[int]:
     try:
         import psutil
-
+    except ImportError:
+        return []
+    try:
         return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except Exception:  # noqa: BLE001 - the process may be gone already
+    except (psutil.Error, OSError):  # the process may be gone already
         return []
 
 
 def _alive(pid: int) -> bool:
     try:
         import psutil
-
-        p = psutil.Process(pid)
-        return p.status() != psutil.STATUS_ZOMBIE
-    except Exception:  # noqa: BLE001
+    except ImportError:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, OSError):  # gone, or not ours to read
         return False
 
 
