@@ -9,7 +9,7 @@ launched, unless ``--allow-patched-base`` says it is meant.
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
 import pytest  # noqa: E402
 

@@ -10,7 +10,7 @@ new one by at least the mask's size.
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=45, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
 
 import re
 import subprocess

@@ -15,7 +15,7 @@ stopped by PID with no process left.
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=110, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=105, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
 import re  # noqa: E402

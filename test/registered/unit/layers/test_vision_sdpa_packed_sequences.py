@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=25, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
 from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support.ranks import run_on_ranks  # noqa: E402

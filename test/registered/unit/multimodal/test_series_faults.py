@@ -31,7 +31,7 @@ import torch
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=65, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 
 from cpu_support import mm_harness as H  # noqa: E402
 from cpu_support import tiny_qwen3_vl as T  # noqa: E402

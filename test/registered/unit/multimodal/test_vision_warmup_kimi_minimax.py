@@ -36,7 +36,7 @@ import torch
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=15, suite="stage-a-test-cpu")
 
 from cpu_support.mm_harness import (  # noqa: E402
     PLATFORMS,

@@ -14,7 +14,7 @@ records the embedding cache at the moment each peak-memory measurement starts.
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
 import json
 import os

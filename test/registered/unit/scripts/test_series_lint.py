@@ -12,7 +12,7 @@ and a pristine line that black would reformat stays unjudged.
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
 
 import shutil
 import subprocess
