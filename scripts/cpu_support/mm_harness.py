@@ -324,6 +324,7 @@ def decision_tables(rank, world_size, init_method):
     from sglang.srt.managers import mm_schedule
     from sglang.srt.multimodal import vit_batching, vision_warmup
     from sglang.srt.multimodal.mm_utils import hip_dp_encoder_batches_vit
+    from sglang.srt.multimodal.modality import Modality
     from sglang.srt.runtime_context import get_disagg, get_mm, get_parallel, override_platform
 
     # A one-rank process group, so that the gate's log_info_on_rank0 sees
@@ -341,11 +342,11 @@ def decision_tables(rank, world_size, init_method):
         vit_batching._logged_decisions.clear()  # as if a fresh process
         with override_platform(**PLATFORMS[platform]), get_mm().override(mm_enable_dp_encoder=flag):
             first = len(records)
-            decided = vit_batching.vit_batching_decision(model.get_image_feature)
             # The scheduler's own gate, three times: one INFO line.
-            gates = {mm_schedule._batch_vit_across_requests(model.get_image_feature)
+            gates = {mm_schedule._batch_vit_across_requests(model.get_image_feature,
+                                                            Modality.IMAGE)
                      for _ in range(3)}
-            tables["gate"][row] = (decided, gates, hip_dp_encoder_batches_vit(model),
+            tables["gate"][row] = (gates, hip_dp_encoder_batches_vit(model),
                                    records[first:])
             for encoder_only in (False, True):
                 with get_disagg().override(encoder_only=encoder_only):

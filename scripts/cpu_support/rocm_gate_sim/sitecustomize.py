@@ -16,7 +16,7 @@ right after they are imported (``cpu_support/post_import.py``):
   ``vision_warmup.vision_warm_up_decision`` (which the post-load hook asks on
   every rank) are evaluated under ``override_platform(is_hip=True)``. The
   warm-up decision's result is written to stderr once per distinct answer
-  (``vision_warm_up_decision -> (True, 'ROCm, DP encoder, attention-TP 2')``),
+  (``vision_warm_up_decision -> True``),
   so a server log shows that the warm-up decided as on ROCm; the warm-up's
   tower calls themselves run outside the override;
 * pristine build (no such attribute): the module global ``_is_hip`` that its

@@ -259,9 +259,10 @@ def _built(model, attribute, vision_fc1):
 def _units(model, item, tokens):
     """What the cap counts for ``item`` with this model's DP encoder, with
     its real feature and with a feature that must not be read."""
+    from sglang.srt.multimodal.modality import Modality
     from sglang.srt.multimodal.vit_batching import dp_encoder_of, item_encoder_units
 
-    dp = dp_encoder_of(model.get_image_feature)
+    dp = dp_encoder_of(model.get_image_feature, Modality.IMAGE)
     counted = item_encoder_units(item, tokens, dp, model)
     real = item.feature
     item.feature = RaisingFeature()
@@ -441,12 +442,13 @@ def test_kimi_grid_thws_item_counts_t_h_w(grids, patches, feature):
     """t*h*w summed over the grids, whether or not the DP encoder spreads it;
     neither a pixel tensor's first dimension (1 here) nor an unreadable
     feature changes it."""
+    from sglang.srt.multimodal.modality import Modality
     from sglang.srt.multimodal.vit_batching import dp_encoder_of, item_encoder_units
 
     value = torch.zeros(1, patches * 3 * 14 * 14) if feature == "pixels" else RaisingFeature()
     item = _grid_thws_item(grids, value)
     model = _kimi_k25_built_data_parallel()
-    dp = dp_encoder_of(model.get_image_feature)
+    dp = dp_encoder_of(model.get_image_feature, Modality.IMAGE)
     assert dp is not None and dp.runner == "mrope"
     tokens = patches // 4  # merged 2x2
     assert item_encoder_units(item, tokens, dp, model) == patches
