@@ -1,0 +1,281 @@
+"""The ViT CUDA graph path under the series: owned outputs, and a bound that
+does not use up custom all-reduce's registrations.
+
+With ``SGLANG_VIT_ENABLE_CUDA_GRAPH=1`` the Qwen3-VL tower returns what
+``ViTCudaGraphRunner.replay`` returns. The runner's ``run`` / ``replay`` and the
+real ``_get_chunked_prefill_embedding`` run here; only the capture is stood in
+(there is no CUDA): the stand-in graph computes the tower's blocks and merger
+from the runner's static input buffer and writes the result into the runner's
+static output buffer on every replay, as a captured graph does. Two images of
+one size share a sequence layout, so they share that buffer.
+
+Every embedding the scheduler keeps owns its storage. Covered: same-layout
+calls under the cap, the same under deterministic inference, the DP encoder on
+two gloo ranks, and a cache hit after a later same-layout call. Each image must come back with the embedding the graph path
+gives it when it is encoded alone (the graph path interpolates position
+embeddings its own way, so that is the reference, not the eager tower's).
+"""
+
+import contextlib
+import os
+
+import pytest
+import torch
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
+
+from cpu_support import mm_harness as H  # noqa: E402
+from cpu_support import tiny_qwen3_vl as T  # noqa: E402
+from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
+
+GRAPH_ENV = "SGLANG_VIT_ENABLE_CUDA_GRAPH"
+GRAPH_BOUND = 32  # the series' graphs per tower
+GRID = (1, 8, 8)  # one size: every single-image call has the same layout
+
+
+class _StandInGraph:
+    def __init__(self, replay):
+        self.replay = replay
+
+
+def _blocks_and_merger(runner, graph_key, cos, sin):
+    """What the captured graph computes: the tower's blocks (and deepstack
+    mergers) and merger on the runner's static input buffer."""
+    from sglang.srt.models.qwen3_vl import prepare_vision_attention_metadata
+
+    vit = runner.vit
+    x = runner.block_input[graph_key]
+    cu_seqlens = runner.cu_full_len[graph_key]
+    metadata = prepare_vision_attention_metadata(cu_seqlens, device=x.device)
+    deepstack = []
+    for layer, block in enumerate(vit.blocks):
+        x = block(
+            x,
+            cu_seqlens=cu_seqlens,
+            rotary_pos_emb_cos=cos,
+            rotary_pos_emb_sin=sin,
+            forward_metadata=metadata,
+        )
+        if layer in vit.deepstack_visual_indexes:
+            deepstack.append(vit.deepstack_merger_list[len(deepstack)](x))
+    return torch.cat([vit.merger(x)] + deepstack, dim=1)
+
+
+def _capture(self, graph_key, position_embeddings=None, rotary_pos_emb_cos=None,
+             rotary_pos_emb_sin=None):
+    """Stands in for ``ViTCudaGraphRunner._create_graph``: inside the runner's
+    own capture context, allocate the static output; each replay writes the
+    tower's result for the current input buffer into it."""
+    def compute():
+        with torch.no_grad():
+            return _blocks_and_merger(self, graph_key, rotary_pos_emb_cos, rotary_pos_emb_sin)
+
+    with self._capture_context():
+        self.block_output[graph_key] = compute()
+    static_output = self.block_output[graph_key]
+    self.block_graphs[graph_key] = _StandInGraph(lambda: static_output.copy_(compute()))
+
+
+@contextlib.contextmanager
+def graph_on():
+    from sglang.srt.multimodal.vit_cuda_graph_runner import ViTCudaGraphRunner
+
+    real = ViTCudaGraphRunner._create_graph
+    ViTCudaGraphRunner._create_graph = _capture
+    os.environ[GRAPH_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(GRAPH_ENV, None)
+        ViTCudaGraphRunner._create_graph = real
+
+
+@contextlib.contextmanager
+def serving(*, cap=None, deterministic=False):
+    """CUDA's platform facts (cross-request batching on); the cap and
+    deterministic inference only when asked for."""
+    from sglang.srt.runtime_context import get_exec, get_mm, override_platform
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(override_platform(**H.CUDA))
+        stack.enter_context(torch.no_grad())
+        if cap is not None:
+            stack.enter_context(get_mm().override(mm_max_encoder_patches_per_call=cap))
+        if deterministic:
+            stack.enter_context(get_exec().deterministic.override(
+                enable_deterministic_inference=True))
+        yield
+
+
+def _requests(seed):
+    """Two single-image requests, both images of one size."""
+    return [H.make_request([GRID], seed=seed), H.make_request([GRID], seed=seed + 1)]
+
+
+def _step(model, requests, **serve):
+    """One prefill step of the real scheduler path, graph on; the tower's
+    calls as the images each carried."""
+    with graph_on(), serving(**serve), H.TowerCalls() as seen:
+        seen.attach(model.visual)
+        rows = H.run_prefill_embedding(model, requests)
+    # Copied now: rows that still alias a graph buffer must not be refreshed
+    # by the reference's own calls before they are compared.
+    return rows.clone(), [len(call) for call in seen.calls]
+
+
+def _alone(model, requests):
+    """Each image encoded alone through the graph path, its rows copied
+    before the next call (``torch.cat`` of one request's rows copies)."""
+    with graph_on(), serving():
+        return torch.cat([H.reference_rows(model, [req]) for req in requests])
+
+
+@pytest.fixture(scope="module")
+def model():
+    T.publish_cpu_context(tp_size=1)
+    T.init_gloo(0, 1, f"tcp://127.0.0.1:{free_port()}")
+    return T.build_tiny_qwen3_vl(seed=3)
+
+
+@pytest.mark.control(reason="precondition of this module: two images of one size, encoded alone through the graph path, differ")
+def test_two_images_of_one_size_have_different_embeddings(model):
+    """So an image that comes back with the other's embedding is seen."""
+    first, second = _alone(model, _requests(seed=5)).chunk(2)
+    assert not torch.allclose(first, second, atol=1e-2)
+
+
+def test_same_layout_calls_under_the_cap_keep_their_own_embeddings(model):
+    requests = _requests(seed=10)
+    H.fresh_embedding_cache()
+    # A cap of one patch puts each image in its own call of the step.
+    rows, calls = _step(model, requests, cap=1)
+    assert calls == [1, 1]
+    assert torch.equal(rows, _alone(model, requests))
+
+
+def test_same_layout_calls_under_deterministic_inference_keep_their_own_embeddings(model):
+    requests = _requests(seed=20)
+    H.fresh_embedding_cache()
+    rows, calls = _step(model, requests, deterministic=True)
+    assert calls == [1, 1]  # one image per call
+    assert torch.equal(rows, _alone(model, requests))
+
+
+def test_a_cache_hit_after_a_later_same_layout_call_returns_its_own_embedding(model):
+    first, second = _requests(seed=30)
+    H.fresh_embedding_cache()
+    _step(model, [first])  # encoded alone, cached
+    _step(model, [second])  # same layout: the graph's next replay
+    rows, calls = _step(model, [first])
+    assert calls == []  # a cache hit
+    assert torch.equal(rows, _alone(model, [first]))
+
+
+def _dp_rank_worker(rank, world_size, init_method):
+    T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
+    T.init_gloo(rank, world_size, init_method)
+    model = T.build_tiny_qwen3_vl(seed=3)
+    requests = _requests(seed=40)
+    alone = _alone(model, requests)
+    H.fresh_embedding_cache()
+    rows, calls = _step(model, requests, cap=1)
+    return {"rows": rows, "alone": alone, "calls": calls}
+
+
+@pytest.fixture(scope="module")
+def dp_ranks():
+    return run_on_ranks(_dp_rank_worker, 2, timeout=300)
+
+
+def test_dp_encoder_ranks_agree_with_each_other_and_with_each_image_alone(dp_ranks):
+    rank0, rank1 = dp_ranks
+    # Two calls of one image each: the owner rank encodes, the peer receives.
+    assert sorted(rank0["calls"] + rank1["calls"]) == [1, 1]
+    assert torch.equal(rank0["alone"], rank1["alone"])
+    for out in dp_ranks:
+        assert torch.equal(out["rows"], out["alone"])
+    assert torch.equal(rank0["rows"], rank1["rows"])
+
+
+# --- custom all-reduce registrations -------------------------------------------
+#
+# A tower that is not data-parallel captures inside custom all-reduce's
+# capture(); on leaving it a real communicator registers the graph's buffers
+# in a table that nothing ever frees. The stand-in counts those registrations
+# (the real one needs GPUs) and is set on SGLang's real TP group.
+
+DISTINCT_LAYOUTS = 40
+RECURRING = 8  # the first layouts, seen again after the others
+
+
+class _CustomAllReduceStandIn:
+    def __init__(self, disabled=False):
+        self.disabled = disabled
+        self.registrations = 0
+
+    @contextlib.contextmanager
+    def capture(self):
+        try:
+            yield
+        finally:
+            if not self.disabled:
+                self.registrations += 1
+
+
+def _layout_stream(model, communicator):
+    """DISTINCT_LAYOUTS one-image layouts, then the first RECURRING again,
+    through the tower with the graph on; what the communicator registered,
+    how many graphs the runner keeps, and the cache's log lines."""
+    from sglang.srt.runtime_context import get_parallel
+
+    runner = model.visual.graph_runners
+    _forget_graphs(runner)
+    group = get_parallel().tp_group
+    log = H.capture_log("sglang.srt.multimodal.vit_graph_cache")
+    log.lines.clear()
+    width = model.visual.patch_embed.proj.weight[0].numel()
+    grids = [(1, 2, 2 * (k + 1)) for k in range(DISTINCT_LAYOUTS)]
+    real, group.ca_comm = group.ca_comm, communicator
+    try:
+        with graph_on(), torch.no_grad():
+            for grid in grids + grids[:RECURRING]:
+                model.visual(torch.randn(grid[1] * grid[2], width), torch.tensor([grid]))
+    finally:
+        group.ca_comm = real
+    kept = len(runner.block_graphs)
+    _forget_graphs(runner)
+    return communicator.registrations, kept, [m for _, m in log.lines]
+
+
+def _forget_graphs(runner):
+    """A runner with no graph, as the tower is built (the other tests of this
+    module captured some)."""
+    for key in list(runner.block_graphs):
+        for name in ("block_graphs", "block_input", "block_ws", "block_output",
+                     "cu_full_len", "cu_full_len_kk", "_sin_cos_ws_by_graph"):
+            getattr(runner, name).pop(key, None)
+    runner.__dict__.pop("_graph_use_order", None)
+
+
+def test_a_tower_that_registers_with_custom_all_reduce_keeps_every_graph(model):
+    """Pristine never recaptures, so it registers once per distinct layout;
+    the series registers exactly as many (an evicted graph gives nothing back,
+    so evicting would recapture and register the recurring layouts again)."""
+    assert model.visual.use_data_parallel is False
+    registrations, kept, lines = _layout_stream(model, _CustomAllReduceStandIn())
+    assert registrations == DISTINCT_LAYOUTS
+    assert kept == DISTINCT_LAYOUTS
+    assert lines == [
+        "ViT CUDA graph cache not bounded for Qwen3VLMoeVisionModel: its captures "
+        "register with custom all-reduce, which keeps every registration, so it "
+        "keeps every graph as upstream does"
+    ]
+
+
+def test_without_custom_all_reduce_the_bound_holds(model):
+    registrations, kept, lines = _layout_stream(model, _CustomAllReduceStandIn(disabled=True))
+    assert registrations == 0
+    assert kept == GRAPH_BOUND
+    assert len(lines) == 1 and lines[0].startswith("ViT CUDA graph cache full")
