@@ -16,11 +16,16 @@ PYTEST ARGS default to ``test/registered``; anything pytest takes works
 ``out/pristine/report.json`` (a module that cannot be collected there counts
 as one error). Printed: the counts, then every test that passed
 on pristine: unmarked ones first (each is a finding: it does not test the
-series), then the controls with their reasons.
+series), then the controls with their reasons; then every control that
+failed or errored on pristine (each is a finding too: a control passes on
+both builds, so one that fails there tests the series and is no control),
+with a module that could not be collected there and marks controls (its
+controls never ran) among them.
 
-Exit status: 0 when no unmarked test passed on pristine, 1 when some did,
-2 when the run itself failed (no pristine tree, pytest did not complete a run,
-or it imported an sglang outside the pristine tree).
+Exit status: 0 when no unmarked test passed on pristine and every control
+passed there, 1 when an unmarked test passed or a control failed, 2 when the
+run itself failed (no pristine tree, pytest did not complete a run, or it
+imported an sglang outside the pristine tree).
 """
 
 from __future__ import annotations
@@ -47,14 +52,33 @@ def _fail(msg: str) -> int:
 
 
 def summarize(report: dict) -> dict:
-    """Counts by outcome, and the passing tests split into unmarked / controls."""
+    """Counts by outcome; the passing tests split into unmarked / controls; and
+    the controls that did not pass (failed or error: not controls)."""
     counts: dict = {}
-    unmarked, controls = [], []
+    unmarked, controls, failed_controls = [], [], []
     for nodeid, t in sorted(report["tests"].items()):
         counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
         if t["outcome"] == "passed":
             (unmarked if t["control"] is None else controls).append((nodeid, t["control"]))
-    return {"counts": counts, "unmarked": unmarked, "controls": controls}
+        elif t["control"] is not None and t["outcome"] in ("failed", "error"):
+            failed_controls.append((nodeid, t["outcome"], t["control"]))
+    return {"counts": counts, "unmarked": unmarked, "controls": controls,
+            "failed_controls": failed_controls}
+
+
+def uncollected_modules_with_controls(report: dict, root: str) -> list:
+    """Modules that could not be collected on pristine (one error under the
+    module's own id) although they mark controls: those controls never ran
+    there. Read from the module's text, since pytest saw no test in it."""
+    found = []
+    for nodeid, t in sorted(report["tests"].items()):
+        path = os.path.join(root, nodeid)
+        if "::" in nodeid or t["outcome"] != "error" or not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            if "mark.control" in f.read():
+                found.append(nodeid)
+    return found
 
 
 def main(argv=None) -> int:
@@ -99,6 +123,7 @@ def main(argv=None) -> int:
     if not os.path.abspath(report["sglang_file"]).startswith(os.path.abspath(tree) + os.sep):
         return _fail(f"pytest imported {report['sglang_file']}, not the pristine tree")
     s = summarize(report)
+    uncollected = uncollected_modules_with_controls(report, ROOT)
     counts = ", ".join(f"{n} {k}" for k, n in sorted(s["counts"].items()))
     print(f"pristine run: {counts} in {seconds:.0f} s (pytest exit {proc.returncode})")
     print(f"passed on pristine: {len(s['unmarked'])} unmarked, {len(s['controls'])} controls")
@@ -106,7 +131,13 @@ def main(argv=None) -> int:
         print(f"  UNMARKED {nodeid}")
     for nodeid, reason in s["controls"]:
         print(f"  control  {nodeid}  -- {reason}")
-    return 1 if s["unmarked"] else 0
+    failing = len(s["failed_controls"]) + len(uncollected)
+    print(f"controls that FAIL on pristine (not controls): {failing}")
+    for nodeid, outcome, reason in s["failed_controls"]:
+        print(f"  FAILED   {nodeid}  ({outcome})  -- {reason}")
+    for nodeid in uncollected:
+        print(f"  FAILED   {nodeid}  (not collected; the module marks controls, none ran)")
+    return 1 if s["unmarked"] or failing else 0
 
 
 if __name__ == "__main__":
