@@ -151,3 +151,20 @@ def test_glm5_next_video_is_capped_frame_by_frame(facts):
     # ranks of CAP: the cap splits them.
     assert max(glm["one_call_shares"]) > CAP
     assert glm["groups"] == [[0], [1]]
+
+
+def test_a_warm_up_written_against_the_seed_runs_one_call_per_grid():
+    """Seed 001's GLM branch runs the vision tower on two dummy grids through
+    mm_utils.warm_up_vision_tower when hip_dp_encoder_batches_vit() holds; a
+    flat list of grids is one one-image call per grid."""
+    from sglang.srt.multimodal.mm_utils import warm_up_vision_tower
+
+    from cpu_support.ranks import free_port
+
+    T.publish_cpu_context(tp_size=1)
+    T.init_gloo(0, 1, f"tcp://127.0.0.1:{free_port()}")
+    model = T.build_tiny_qwen3_vl(seed=2)
+    with H.TowerCalls() as seen:
+        seen.attach(model.visual)
+        warm_up_vision_tower(model.visual, [(1, 32, 32), (1, 48, 64)])
+    assert seen.calls == [[(1, 32, 32)], [(1, 48, 64)]]

@@ -280,18 +280,15 @@ def test_warm_up_decision_table(decision_tables):
 
 
 def test_qwen3_vl_hook_warms_three_calls_on_every_rank(ranks):
+    """The Qwen3-VL plan (the one test that spells it out; the other tests
+    compare with these calls). Same model, same ranks: ROCm under the gate
+    warms, NPU does not."""
     for rank, out in enumerate(ranks):
         calls, lines = out["hook"]["qwen3_vl"]
         assert calls == QWEN_CALLS, rank
         assert len(lines) == 1, lines
         assert lines[0].startswith(f"vision warm-up (rank {rank}): grids ")
         assert "[[1,32,32]] [[1,48,64]] [6x[1,8,8]]" in lines[0]
-
-
-def test_the_hook_follows_the_decision(ranks):
-    """Same model, same ranks: ROCm under the gate warms, NPU does not."""
-    for out in ranks:
-        assert out["hook"]["qwen3_vl"][0] == QWEN_CALLS
         assert out["hook_npu"] == ([], [])
 
 
@@ -299,11 +296,12 @@ def test_the_hook_follows_the_decision(ranks):
 def test_qwen3_vl_subclasses_inherit_the_warm_up(ranks, name):
     for out in ranks:
         calls, lines = out["hook"][name]
-        assert calls == QWEN_CALLS
+        assert calls == out["hook"]["qwen3_vl"][0] != []  # Qwen3-VL's plan
         assert len(lines) == 1
 
 
 def test_glm5_next_hook_warms_two_grids(ranks):
+    """The GLM-5-Next plan (spelled out here only)."""
     for rank, out in enumerate(ranks):
         calls, lines = out["hook"]["glm5_next"]
         assert calls == GLM_CALLS
@@ -318,27 +316,27 @@ def test_models_without_a_vision_tower_are_left_alone(ranks, name):
     for out in ranks:
         visual_is_none, decision, (calls, lines) = out["no_tower"][name]
         assert visual_is_none
-        assert decision == (False, "no vision tower")
+        assert decision is False
         assert calls == [] and lines == []
 
 
 def test_encoder_only_server_warms_every_rank_on_npu(ranks):
     for rank, out in enumerate(ranks):
         calls, lines = out["encoder_only_npu"]
-        assert calls == QWEN_CALLS, rank
+        assert calls == out["hook"]["qwen3_vl"][0] != [], rank  # the plan a regular server warms
         assert len(lines) == 1 and lines[0].startswith(f"vision warm-up (rank {rank})")
 
 
 def test_qwen4_exp_warms_vision_first_then_its_split_k_precompile_once(ranks):
     for out in ranks:
-        assert out["qwen4_order"] == ["vision"] * len(QWEN_CALLS) + ["splitk"]
+        assert out["qwen4_order"] == ["vision"] * len(out["hook"]["qwen4_exp"][0]) + ["splitk"]
 
 
 def test_warm_up_on_rank_0_alone_finishes_while_rank_1_stays_idle(ranks):
     """No collective: rank 0 warms (the full plan, its log line) without rank 1."""
     rank0, rank1 = ranks[0]["alone"], ranks[1]["alone"]
     assert rank0["finished"], f"rank 0's warm-up did not finish in {ALONE_TIMEOUT} s alone"
-    assert rank0["calls"] == QWEN_CALLS
+    assert rank0["calls"] == ranks[0]["hook"]["qwen3_vl"][0] != []  # the whole plan
     assert len(rank0["lines"]) == 1 and rank0["lines"][0].startswith("vision warm-up (rank 0)")
     assert rank1 == {"idle_until_rank_0_finished": True}
 
@@ -347,7 +345,9 @@ def test_warm_up_on_rank_0_alone_finishes_while_rank_1_stays_idle(ranks):
 def test_compile_audit_no_compile_after_warm_up(ranks, rank, kind):
     audit = ranks[rank]["audit"]
     print(f"\ncompile audit ({kind}): {audit}")
-    assert audit["warm_calls"] == (QWEN_CALLS if kind == "qwen" else GLM_CALLS)
+    # The family's whole plan, as its hook test has it.
+    plan = ranks[rank]["hook"]["qwen3_vl" if kind == "qwen" else "glm5_next"][0]
+    assert audit["warm_calls"] == plan != []
     # The warm-up did compile (a cold process), so the counters see the tower.
     assert audit["after_warm_up"] > audit["before"]
     # Nothing new from the floor to the ceiling.
