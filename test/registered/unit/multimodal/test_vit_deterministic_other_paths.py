@@ -17,10 +17,17 @@ Both are driven through the real ``mm_schedule._get_chunked_prefill_embedding``
 with real ``MultimodalDataItem`` / ``MultimodalInputs`` objects, tiny sizes,
 random weights, fp32 and bf16. Encoder calls are counted by a pass-through spy
 bound to the model (the real ``get_image_feature`` runs), tower calls with
-forward pre-hooks.
+forward pre-hooks, and each step's gate decision read from its INFO line.
+
+The contrast, InternVL's step without deterministic inference, is one
+cross-request call: on CUDA upstream's (a control), on ROCm the series' gate
+batching it because the DP encoder spreads its tiles. (Gemma3's CUDA step
+without deterministic inference is test_gate_real_non_dp_vlm.py's.)
 """
 
 import contextlib
+import importlib.util
+import logging
 
 import pytest
 import torch
@@ -42,6 +49,7 @@ DTYPES = ["float32", "bfloat16"]
 # InternVL requests, as tiles per image: one request with two images.
 INTERNVL_TILES = [[3], [1, 2], [1]]
 GEMMA3_IMAGES = [1, 2, 1]  # images per request
+GATE_LOGGER = "sglang.srt.multimodal.vit_batching"
 
 
 @contextlib.contextmanager
@@ -57,22 +65,36 @@ def record_first_dims(calls):
     return lambda items: calls.append([int(it.feature.shape[0]) for it in items])
 
 
-def _steps(model, requests, platforms, tower):
-    """Each (platform, deterministic) step from a fresh embedding cache."""
+def _fresh_server():
+    """An empty embedding cache and, with the series, its gate's once-per-server
+    log memory emptied (pristine has no gate and logs no decision)."""
+    H.fresh_embedding_cache()
+    if importlib.util.find_spec(GATE_LOGGER) is not None:
+        from sglang.srt.multimodal import vit_batching
+
+        vit_batching._logged_decisions.clear()
+
+
+def _steps(model, requests, platforms, tower, modes=(True, False)):
+    """Each (platform, deterministic) step as on a fresh server: its encoder
+    and tower calls, rows and the gate's INFO lines."""
     from sglang.srt.runtime_context import override_platform
 
     calls, towers, out = [], [], {}
+    gate_log = H.capture_log(GATE_LOGGER)
     model.get_image_feature = H.encoder_spy(model, record_first_dims(calls))
     handle = H.first_dims(tower, towers)
     try:
         for platform in platforms:
-            for on in (True, False):
+            for on in modes:
                 calls.clear()
                 towers.clear()
-                H.fresh_embedding_cache()
+                _fresh_server()
+                first = len(gate_log.lines)
                 with torch.no_grad(), override_platform(**H.PLATFORMS[platform]), deterministic(on):
                     emb = H.run_prefill_embedding(model, requests)
-                out[(platform, on)] = {"calls": list(calls), "towers": list(towers), "out": emb}
+                out[(platform, on)] = {"calls": list(calls), "towers": list(towers), "out": emb,
+                                       "gate": gate_log.lines[first:]}
         with torch.no_grad(), deterministic(True):
             reference = H.reference_rows(model, requests)
     finally:
@@ -103,7 +125,7 @@ def _worker(rank, world_size, init_method):
     for dtype in DTYPES:
         model = G.build_tiny_gemma3(seed=6, dtype=getattr(torch, dtype))
         result[("gemma3", dtype, "dp")] = hasattr(model, "use_data_parallel")
-        result[("gemma3", dtype)] = _steps(model, requests, ("CUDA",), model.vision_tower)
+        result[("gemma3", dtype)] = _steps(model, requests, ("CUDA",), model.vision_tower, modes=(True,))
     return result
 
 
@@ -134,14 +156,28 @@ def test_internvl_dp_tile_runner_each_image_alone_and_bitwise(ranks, dtype, plat
                        ranks[1][("internvl", dtype)][0][(platform, True)]["out"])
 
 
-@pytest.mark.control(reason="upstream behaviour the series keeps: without deterministic inference InternVL's step is one cross-request call")
-@pytest.mark.parametrize("platform", ["CUDA", "ROCm"])
-def test_internvl_without_deterministic_inference_batches(ranks, platform):
-    """The contrast: the same step is one cross-request call (7 tiles, 4 a rank)."""
+def _one_cross_request_call(step):
+    """The step without deterministic inference: one call of all 7 tiles, 4 a rank."""
+    assert step["calls"] == [[3, 1, 2, 1]]
+    assert step["towers"] == [4]
+
+
+@pytest.mark.control(reason="upstream behaviour the series keeps: on CUDA, without deterministic "
+                            "inference, InternVL's step is one cross-request call")
+def test_internvl_on_cuda_without_deterministic_inference_batches(ranks):
     for r in ranks:
-        step = r[("internvl", "float32")][0][(platform, False)]
-        assert step["calls"] == [[3, 1, 2, 1]]
-        assert step["towers"] == [4]
+        _one_cross_request_call(r[("internvl", "float32")][0][("CUDA", False)])
+
+
+def test_internvl_on_rocm_without_deterministic_inference_batches_under_the_gate(ranks):
+    """On ROCm it is the series' gate that batches the step: the DP encoder
+    spreads InternVL's tiles at attention-TP 2 (its INFO line, on TP rank 0)."""
+    for rank, r in enumerate(ranks):
+        step = r[("internvl", "float32")][0][("ROCm", False)]
+        assert step["gate"] == [
+            (logging.INFO, "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)")
+        ][: 1 - rank]
+        _one_cross_request_call(step)
 
 
 # ---------------------------------------------------------------------------
@@ -159,10 +195,3 @@ def test_gemma3_on_cuda_each_image_alone_and_bitwise(ranks, dtype):
         assert step["towers"] == [1, 1, 1, 1]
         assert step["out"].shape == (4 * GEMMA3_TOKENS_PER_IMAGE, HIDDEN)
         assert torch.equal(step["out"], reference)
-
-
-@pytest.mark.control(reason="upstream behaviour the series keeps: without deterministic inference CUDA batches Gemma3's step in one call")
-def test_gemma3_on_cuda_without_deterministic_inference_batches(ranks):
-    for r in ranks:
-        step = r[("gemma3", "float32")][0][("CUDA", False)]
-        assert step["calls"] == [[1, 1, 1, 1]]

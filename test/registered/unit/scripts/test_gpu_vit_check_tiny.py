@@ -1,15 +1,21 @@
 """scripts/gpu_vit_check.py through its --tiny CPU path.
 
-The script is the product (it is what runs when a GPU is lent), so it runs
-as a subprocess, exactly as documented, and the test checks that what it
-wrote holds together: call counts that follow from the burst and the caps,
-the bf16 batched-vs-alone rows with deterministic inference off and on (on:
-bitwise), the SDPA rows' launches
-per layer (one per distinct image size in the call), and a markdown table that
-shows the numbers of the JSON; each section's own files under --out hold
-what the whole report holds, and the CUDA-graph section says why it did not
-run on the CPU. One more test runs the check in a process that
-records the embedding cache at the moment each peak-memory measurement starts.
+The script is the product (it is what runs when a GPU is lent). It runs
+once for the module, in a subprocess, through its own ``main`` with the
+documented arguments (``--tiny --repeats 1 --out DIR``), in a process that
+also notes, for every step the check times, the series' record of each
+encoder call in it (the DEBUG lines of ``observability/vit_batch_metrics``)
+and, where the step measures peak memory, how many bytes the embedding cache
+held when the measurement started. The tests read that one run: the
+per-request and batched steps are the series' two paths; the cap rows are the
+series' capped calls, each measured from an empty embedding cache; the bf16
+batched-vs-alone rows with deterministic inference off and on (on: bitwise);
+the SDPA rows' launches per layer (one per distinct image size in the call).
+
+The check's writers are controls, run on a report built here (they read no
+SGLang): each section's own files are written as the section ends and hold
+what the whole report holds, the markdown shows the numbers of the JSON, and
+the CUDA-graph section says why it did not run on the CPU.
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -18,6 +24,7 @@ register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
 
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -25,9 +32,12 @@ from pathlib import Path
 
 import pytest
 
+import gpu_vit_check as G
+
 REPO = Path(__file__).resolve().parents[4]
 SCRIPT = REPO / "scripts" / "gpu_vit_check.py"
 REPEATS = 1
+SECTION_NAMES = [name for name, _ in G.SECTIONS]
 
 
 def _expected_calls(patch_counts, cap):
@@ -57,55 +67,119 @@ def _table_rows(markdown: str, first_header: str):
     raise AssertionError(f"no table starting with {first_header!r}:\n{markdown}")
 
 
+# The check's own main(), in a process that observes every timed step: the
+# series' DEBUG line of each encoder call in it and, when the step measures
+# peak memory, the embedding cache's bytes when the measurement starts (read
+# right before the start value: anything cached then would be freed inside the
+# measurement and lower the peak). Nothing the check computes is replaced.
+_OBSERVED_RUN = textwrap.dedent("""
+    import contextlib, json, logging, sys
+    scripts, observed_path, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+    sys.path.insert(0, scripts)
+    import gpu_vit_check as G
+
+    steps = []
+
+    class Lines(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            if steps and message.startswith("ViT encoder call:"):
+                steps[-1]["lines"].append(message)
+
+    log = logging.getLogger("sglang.srt.observability.vit_batch_metrics")
+    log.addHandler(Lines(logging.DEBUG))
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+
+    real_step = G.timed_step
+
+    def timed_step(model, requests, dev, **kwargs):
+        steps.append(dict(requests=len(requests), batched=kwargs.get("batched", True),
+                          cap=kwargs.get("cap"), deterministic=kwargs.get("deterministic", False),
+                          measure_peak=kwargs.get("measure_peak", False), lines=[]))
+        return real_step(model, requests, dev, **kwargs)
+
+    class Observed(G.Device):
+        @contextlib.contextmanager
+        def peak(self):
+            from sglang.srt.managers import mm_schedule
+
+            cache = mm_schedule.embedding_cache
+            steps[-1]["cached_at_peak_start"] = 0 if cache is None else cache.current_size
+            with super().peak() as out:
+                yield out
+
+    G.timed_step = timed_step
+    G.Device = Observed
+    try:
+        status = G.main(argv)
+    finally:
+        with open(observed_path, "w") as f:
+            json.dump(steps, f)
+    sys.exit(status)
+""")
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu_vit_check")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    work = tmp_path_factory.mktemp("gpu_vit_check")
+    out, probe, observed = work / "out", work / "observed_run.py", work / "steps.json"
+    probe.write_text(_OBSERVED_RUN)
+    # MALLOC_* set as the check sets them: its _prepare_process must not re-exec.
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", "--repeats", str(REPEATS), "--out", str(out)],
+        [sys.executable, str(probe), str(SCRIPT.parent), str(observed),
+         "--tiny", "--repeats", str(REPEATS), "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "gpu_vit_check.json").read_text())
     markdown = (out / "gpu_vit_check.md").read_text()
-    return report, markdown, proc.stdout, out
+    # The whole check ran and printed what it wrote.
+    assert report["complete"] is True and report["sections_done"] == SECTION_NAMES
+    assert markdown.strip() in proc.stdout
+    return report, json.loads(observed.read_text())
 
 
-def test_each_section_is_written_on_its_own(run):
-    report, markdown, _, out = run
-    assert report["complete"] is True and "stopped" not in report
-    names = ["steps", "caps", "diffs", "sdpa", "graphs"]
-    assert report["sections_done"] == names
-    for n, name in enumerate(names, start=1):
-        section = json.loads((out / f"{n:02d}-{name}.json").read_text())
-        assert section[name] == report[name] and section["device"] == report["device"]
-        text = (out / f"{n:02d}-{name}.md").read_text().strip()
-        assert text in markdown
-    # No GPU here: the CUDA-graph section says so instead of measuring.
-    assert report["graphs"] == {"skipped": "CUDA graphs need a GPU (--device cuda)", "rows": []}
-    assert "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1): skipped: CUDA graphs need a GPU" in markdown
-    assert "INCOMPLETE" not in markdown
+def _encoder_call_line(path, images, patches):
+    """The series' DEBUG line of one encoder call in this one-rank process."""
+    return f"ViT encoder call: path={path} requests={images} images={images} patches={patches} rank=0"
 
 
-def test_per_request_and_batched_steps(run):
-    report, _, _, _ = run
+def _burst_steps(report, steps, **match):
+    """The observed steps on the check's burst whose settings match ``match``."""
+    found = [s for s in steps if s["requests"] == report["requests"]
+             and all(s[k] == v for k, v in match.items())]
+    assert found, match
+    return found
+
+
+def test_per_request_and_batched_steps_are_the_series_two_paths(run):
+    report, steps = run
     n = report["requests"]
     assert n == len(report["grids"]) == 16
     assert report["patches"] == sum(t * h * w for t, h, w in report["grids"])
-    steps = {s["path"]: s for s in report["steps"]}
-    assert set(steps) == {"per-request", "batched"}
-    assert steps["per-request"]["calls"] == n and steps["per-request"]["images_max"] == 1
-    assert steps["batched"]["calls"] == 1 and steps["batched"]["images_max"] == n
+    by_path = {s["path"]: s for s in report["steps"]}
+    assert set(by_path) == {"per-request", "batched"}
+    assert by_path["per-request"]["calls"] == n and by_path["per-request"]["images_max"] == 1
+    assert by_path["batched"]["calls"] == 1 and by_path["batched"]["images_max"] == n
     counts = [t * h * w for t, h, w in report["grids"]]
-    assert steps["per-request"]["call_patches"] == [[c] for c in counts]
-    assert steps["batched"]["call_patches"] == [counts]
-    for s in steps.values():
+    assert by_path["per-request"]["call_patches"] == [[c] for c in counts]
+    assert by_path["batched"]["call_patches"] == [counts]
+    for s in by_path.values():
         assert s["images"] == n
         assert len(s["warm_ms"]) == REPEATS
+    # What ran: with the gate pinned off, the series' per-request path, one
+    # call per request; pinned on, its cross-request call with every request.
+    for step in _burst_steps(report, steps, batched=False):
+        assert step["lines"] == [_encoder_call_line("per_request", 1, c) for c in counts]
+    for step in _burst_steps(report, steps, batched=True, cap=None, deterministic=False):
+        assert step["lines"] == [_encoder_call_line("batched", n, sum(counts))]
 
 
-def test_cap_rows_follow_from_the_burst(run):
-    report, _, _, _ = run
+def test_cap_rows_are_the_series_capped_calls_measured_from_an_empty_cache(run):
+    report, steps = run
     counts = [t * h * w for t, h, w in report["grids"]]
     caps = report["caps"]
     assert [c["cap"] for c in caps][-1] is None and len(caps) >= 2
@@ -118,10 +192,19 @@ def test_cap_rows_follow_from_the_burst(run):
         for call in row["call_patches"]:
             assert row["cap"] is None or sum(call) <= row["cap"] or len(call) == 1, row
         assert row["patches_max"] == max(sum(call) for call in row["call_patches"])
+        # Each of the row's steps made those calls on the series' batched path.
+        expected = [_encoder_call_line("batched", len(call), sum(call)) for call in row["call_patches"]]
+        row_steps = _burst_steps(report, steps, batched=True, cap=row["cap"], deterministic=False)
+        for step in row_steps:
+            assert step["lines"] == expected, row["cap"]
+        # One peak measurement per row, after the previous step's embeddings
+        # left the cache.
+        measured = [s for s in row_steps if s["measure_peak"]]
+        assert [s["cached_at_peak_start"] for s in measured] == [0], row["cap"]
 
 
 def test_bf16_batched_vs_alone_rows(run):
-    report, _, _, _ = run
+    report, _ = run
     rows = {d["deterministic"]: d for d in report["diffs"]}
     assert set(rows) == {False, True}
     for d in rows.values():
@@ -137,7 +220,7 @@ def test_bf16_batched_vs_alone_rows(run):
 
 
 def test_sdpa_rows_launch_once_per_distinct_size(run):
-    report, _, _, _ = run
+    report, _ = run
     rows = report["sdpa"]
     assert [r["layout"] for r in rows] == ["one size", "2 sizes alternating", "4 distinct sizes"]
     assert [r["distinct_sizes"] for r in rows] == [1, 2, 4]
@@ -150,9 +233,78 @@ def test_sdpa_rows_launch_once_per_distinct_size(run):
         assert r["per_request_sdpa_per_layer"] == 1
 
 
-def test_markdown_shows_the_json(run):
-    report, markdown, stdout, _ = run
-    assert markdown.strip() in stdout
+# ---------------------------------------------------------------------------
+# The check's writers, on a report built here (controls: no SGLang involved)
+# ---------------------------------------------------------------------------
+
+
+def _built_report():
+    """A report shaped as run() fills it, with made-up numbers, finished
+    sections and the CUDA-graph section as the CPU gives it."""
+    rng = random.Random(5)
+
+    def ms():
+        return rng.uniform(0.5, 900.0)
+
+    report = dict(device="CPU (2 cores, test)", tiny=True, dtype="bfloat16", vision=G.TINY_VISION,
+                  attention_backend="sdpa (VisionSdpaAttention)", requests=6, patches=480,
+                  build_s=ms(), complete=False, sections_done=[])
+    sections = dict(
+        steps=[dict(path=path, calls=calls, images_mean=6 / calls, images_max=images_max,
+                    first_ms=ms(), warm_median_ms=ms())
+               for path, calls, images_max in (("per-request", 6, 1), ("batched", 1, 6))],
+        caps=[dict(cap=cap, calls=calls, images_mean=6 / calls, images_max=6 // calls,
+                   patches_max=480 // calls, step_ms=ms(), peak_mib=rng.uniform(1, 50))
+              for cap, calls in ((80, 6), (160, 3), (None, 1))],
+        diffs=[dict(dtype="bfloat16", deterministic=det, calls=calls, step_ms=ms(),
+                    bitwise_equal_images=equal, images=6, max_abs_diff=diff,
+                    mean_token_cosine=1 - rng.uniform(0, 1e-3) * (not det),
+                    min_token_cosine=1 - rng.uniform(1e-3, 1e-2) * (not det), bitwise=det)
+               for det, calls, equal, diff in ((False, 1, 2, rng.uniform(1e-3, 1e-1)), (True, 6, 6, 0.0))],
+        sdpa=[dict(backend="sdpa", layout=layout, images=4, distinct_sizes=sizes, patches=64 * 4,
+                   batched_sdpa_per_layer=sizes, per_request_sdpa_per_layer=1, batched_ms=ms(),
+                   per_request_ms=ms())
+              for layout, sizes in (("one size", 1), ("2 sizes alternating", 2), ("4 distinct sizes", 4))],
+        graphs=G.graph_rows(None, None, G.Device("cpu"), None),
+    )
+    return report, sections
+
+
+@pytest.mark.control(reason="harness: the check writes each section's files as it ends (its writer "
+                            "on a report built in the test)")
+def test_each_section_is_written_on_its_own(tmp_path, monkeypatch):
+    monkeypatch.delenv("GPU_VIT_CHECK_TEST_PAUSE_AFTER", raising=False)
+    report, sections = _built_report()
+    out = tmp_path / "out"
+    files = G.SectionFiles(str(out))
+    files.report(report)
+    for n, name in enumerate(SECTION_NAMES, start=1):
+        report[name] = sections[name]
+        files.section_done(name, report)
+        section = json.loads((out / f"{n:02d}-{name}.json").read_text())
+        assert section[name] == report[name] and section["device"] == report["device"]
+        whole = json.loads((out / "gpu_vit_check.json").read_text())
+        assert whole["sections_done"] == SECTION_NAMES[:n] and whole["complete"] is False
+        assert set(SECTION_NAMES[n:]).isdisjoint(whole)
+        markdown = (out / "gpu_vit_check.md").read_text()
+        assert (out / f"{n:02d}-{name}.md").read_text().strip() in markdown
+        missing = [title for key, title in G.SECTIONS[n:]]
+        assert f"INCOMPLETE (running); not measured: {'; '.join(missing) or 'nothing'}." in markdown
+    report["complete"] = True
+    files.report(report)
+    markdown = (out / "gpu_vit_check.md").read_text()
+    assert "INCOMPLETE" not in markdown
+    # No GPU: the CUDA-graph section says so instead of measuring.
+    assert report["graphs"] == {"skipped": "CUDA graphs need a GPU (--device cuda)", "rows": []}
+    assert "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1): skipped: CUDA graphs need a GPU" in markdown
+
+
+@pytest.mark.control(reason="harness: the check's markdown shows the numbers of its JSON (on a report "
+                            "built in the test)")
+def test_markdown_shows_the_json():
+    report, sections = _built_report()
+    report.update(sections, complete=True)
+    markdown = G.to_markdown(report)
     steps = _table_rows(markdown, "path")
     assert [(r[0], int(r[1]), r[3], r[4]) for r in steps] == [
         (s["path"], s["calls"], f"{s['first_ms']:.1f}", f"{s['warm_median_ms']:.1f}") for s in report["steps"]
@@ -171,49 +323,6 @@ def test_markdown_shows_the_json(run):
         (s["backend"], s["layout"], f"{s['batched_sdpa_per_layer']:g} / {s['per_request_sdpa_per_layer']:g}",
          f"{s['batched_ms']:.1f}") for s in report["sdpa"]
     ]
-
-
-# Runs the check's run() with a Device whose peak() first notes how many bytes
-# the embedding cache holds: the start value is read right after, so anything
-# still cached then is freed inside the measurement and lowers the peak.
-_OBSERVE_PEAK_START = textwrap.dedent("""
-    import contextlib, json, sys
-    sys.path.insert(0, sys.argv[1])
-    import gpu_vit_check as G
-    G._prepare_process("cpu")
-    from sglang.srt.managers import mm_schedule
-
-    cached_at_start = []
-
-    class Observed(G.Device):
-        @contextlib.contextmanager
-        def peak(self):
-            cache = mm_schedule.embedding_cache
-            cached_at_start.append(0 if cache is None else cache.current_size)
-            with super().peak() as out:
-                yield out
-
-    G.Device = Observed
-    report = G.run(G.parse_args(["--tiny", "--repeats", "1", "--burst", "64x64:2,128x128:1",
-                                 "--caps", "64,none", "--sdpa-images", "2"]))
-    print(json.dumps(dict(cached_at_start=cached_at_start, caps=[c["cap"] for c in report["caps"]])))
-""")
-
-
-@pytest.mark.control(reason="the check's own measurement order (cache emptied before the start value)")
-def test_peak_memory_starts_from_an_empty_embedding_cache(tmp_path):
-    probe = tmp_path / "observe_peak_start.py"
-    probe.write_text(_OBSERVE_PEAK_START)
-    # MALLOC_* set: _prepare_process must not re-exec this probe.
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
-    proc = subprocess.run([sys.executable, str(probe), str(SCRIPT.parent)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    # One measurement per cap row, each after the previous step's embeddings left the cache.
-    assert seen["caps"] == [64, None]
-    assert seen["cached_at_start"] == [0, 0], seen
 
 
 @pytest.mark.control(reason="argument checks of the script")
