@@ -6,9 +6,11 @@ starts with the test-only start-up hook ``cpu_support/fault_injection``, which
 makes rank 1's clean-up after its vision warm-up raise (the first call of
 ``vision_warmup.drop_vit_cuda_graphs`` there). Checked: the fault was
 injected on rank 1 only and rank 1 logged, before ``/health`` answered 200,
-the clean-up's one WARNING; both ranks warmed; the bursts reach both
-DP-encoder ranks and every request answers; both scheduler processes that
-were up at ready are still alive after them.
+the clean-up's one WARNING; both ranks warmed; after it the gate still batches
+(its INFO line, after ready) and every request of the bursts answers, each
+one call on the batched path (``/metrics``' ``path`` label) that reaches both
+DP-encoder ranks; both scheduler processes that were up at ready are still
+alive after them.
 
 A warm-up call that raises (an out-of-memory on a busy GPU) is the same
 catch one step earlier; ``unit/multimodal/test_series_faults.py`` injects it
@@ -63,8 +65,19 @@ def test_rank_1_clean_up_failed_before_ready_and_both_ranks_warmed(shared_tp2_se
     assert shared_tp2_server["srv"].ready_seconds is not None  # /health answered 200
 
 
+def _after_ready(served):
+    srv = served["srv"]
+    with open(srv.log_path, "rb") as f:
+        f.seek(srv.log_bytes_at_ready)
+        return f.read().decode("utf-8", "replace")
+
+
 @pytest.mark.slow
-def test_bursts_reach_both_ranks_and_every_request_answers(shared_tp2_server):
+def test_after_the_fault_the_gate_batches_and_every_request_answers(shared_tp2_server):
+    # The per-request path would spread each two-image request over both
+    # ranks too: the path label and the gate's line say which one ran.
+    after = _after_ready(shared_tp2_server)
+    assert after.count("cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)") == 1, after[-3000:]
     data = _data(shared_tp2_server)
     assert data["bursts"]
     for burst in data["bursts"]:
@@ -72,6 +85,8 @@ def test_bursts_reach_both_ranks_and_every_request_answers(shared_tp2_server):
         assert rec["completed"] == PROMPTS and burst["stats"]["failed"] == 0
         assert all(e in ("", None) for e in rec["errors"])
         enc = burst["stats"]["encoder"]
+        assert enc is not None, "no sglang:mm_encoder_* series in /metrics"
+        assert {k: v for k, v in enc["calls_by_path"].items() if v} == {"batched": PROMPTS}, enc
         assert sum(enc["rank_images"].values()) == PROMPTS * IMAGES
         assert sorted(enc["rank_images"]) == ["0", "1"], enc
         assert all(v >= 1 for v in enc["rank_images"].values()), enc

@@ -5,8 +5,9 @@ with ``override_platform``. SGLang's real ``Gemma3ForConditionalGeneration``
 (models/gemma3_mm.py, tiny sizes, random weights) never reads the flag: its
 SigLIP tower is TP-sharded, so every rank runs every encoder call and nothing
 is spread. The gate must keep it per request on ROCm (two single-image
-requests, two encoder calls), while a data-parallel family (the tiny Qwen3-VL
-built with the flag) gets one call for both; on CUDA the same Gemma3 batches.
+requests, two encoder calls) and say why; on CUDA the same Gemma3 batches. (A
+data-parallel family on the same setting, one call spread over both ranks, is
+test_hip_dp_encoder_vit_batching.py's two-rank test.)
 
 The post-load hook's WARNINGs are checked on the same ranks: Gemma3 (the flag
 distributes nothing), InternVL (spread, but no warm-up plan) and a tiny real
@@ -36,15 +37,6 @@ from cpu_support.tiny_gemma3_internvl import (  # noqa: E402
     HIDDEN,
     gemma3_request,
 )
-
-
-def qwen3_vl_request(grid, seed):
-    from cpu_support.tiny_qwen3_vl import image_item, tokens_per_image
-    from sglang.srt.managers.schedule_batch import MultimodalInputs
-
-    item = image_item(grid, seed=seed, offset=H.TEXT_BEFORE)
-    length = H.TEXT_BEFORE + tokens_per_image(grid) + H.TEXT_BETWEEN
-    return H.from_mm_inputs(MultimodalInputs(mm_items=[item]), length)
 
 
 def tiny_glm_image_config():
@@ -132,28 +124,6 @@ def _rank_worker(rank, world_size, init_method):
     with torch.no_grad():
         result["gemma_alone"] = H.reference_rows(gemma, requests)
 
-    # --- Qwen3-VL built with the DP encoder: its images are spread.
-    T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
-    qwen = T.build_tiny_qwen3_vl(seed=1)
-    requests = [qwen3_vl_request((1, 8, 8), seed=301), qwen3_vl_request((1, 8, 12), seed=302)]
-    calls = []
-    qwen.get_image_feature = H.encoder_spy(qwen, count_items(calls))
-    vit_batching._logged_decisions.clear()
-    H.fresh_embedding_cache()
-    first = len(gate_log.lines)
-    with torch.no_grad(), override_platform(**H.ROCM):
-        with H.TowerCalls().attach(qwen.visual) as towers:
-            out = H.run_prefill_embedding(qwen, requests)
-        step_calls = list(calls)
-        reference = H.reference_rows(qwen, requests)
-    result["qwen_rocm"] = {
-        "calls": step_calls,
-        "towers": towers.calls,
-        "gate": gate_log.lines[first:],
-        "out": out,
-        "alone": reference,
-    }
-
     # --- Models the DP encoder spreads but the warm-up has no plan for, under
     # the gate: InternVL (its own tile runner, no plan) and GLM-Image (left
     # out on purpose: serving it with the DP encoder is broken upstream).
@@ -180,11 +150,6 @@ def _gate_lines(lines):
     return [line for line in lines if "cross-request ViT batching" in line[1]]
 
 
-def test_gemma3_is_not_data_parallel(ranks):
-    """The model under test really is one that ignores the flag."""
-    assert [r["gemma_has_dp_attr"] for r in ranks] == [False, False]
-
-
 def test_rocm_gemma3_two_requests_take_two_encoder_calls(ranks):
     for r in ranks:
         assert r["gemma_rocm"]["calls"] == [1, 1]
@@ -194,8 +159,11 @@ def test_rocm_gemma3_two_requests_take_two_encoder_calls(ranks):
         torch.testing.assert_close(r["gemma_rocm"]["out"], r["gemma_alone"], rtol=1e-5, atol=1e-6)
 
 
-def test_rocm_gemma3_gate_logs_why_at_info(ranks):
-    # Once per server: TP rank 0 logs the decision, rank 1 stays quiet.
+def test_rocm_gemma3_is_not_data_parallel_and_the_gate_logs_why_at_info(ranks):
+    """Gemma3 ignores the flag (its real class sets no ``use_data_parallel``),
+    and the series' gate reads it so: off, "vision encoder not data-parallel".
+    Once per server: TP rank 0 logs the decision, rank 1 stays quiet."""
+    assert [r["gemma_has_dp_attr"] for r in ranks] == [False, False]
     for rank, r in enumerate(ranks):
         assert _gate_lines(r["gemma_rocm"]["gate"]) == [
             (logging.INFO, "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)")
@@ -227,17 +195,6 @@ def test_cuda_gemma3_batches_the_two_requests(ranks):
             (logging.INFO, "cross-request ViT batching: on (CUDA)")
         ][: 1 - rank]
         torch.testing.assert_close(r["gemma_cuda"]["out"], r["gemma_alone"], rtol=1e-5, atol=1e-6)
-
-
-def test_rocm_dp_qwen3_vl_two_requests_take_one_call_spread_over_both_ranks(ranks):
-    for rank, r in enumerate(ranks):
-        assert r["qwen_rocm"]["calls"] == [2]
-        assert _gate_lines(r["qwen_rocm"]["gate"]) == [
-            (logging.INFO, "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)")
-        ][: 1 - rank]
-        torch.testing.assert_close(r["qwen_rocm"]["out"], r["qwen_rocm"]["alone"], rtol=1e-4, atol=1e-5)
-    # One tower call per rank, one image each: both ranks work.
-    assert sorted(r["qwen_rocm"]["towers"] for r in ranks) == [[[(1, 8, 8)]], [[(1, 8, 12)]]]
 
 
 AFTER_SKIP = (

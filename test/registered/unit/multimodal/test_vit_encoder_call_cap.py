@@ -2,7 +2,11 @@
 
 The splitter is checked against its contract on many random inputs (using
 SGLang's real DP-encoder load balancer for the per-rank share), and the whole
-path against SGLang's real scheduler and tiny Qwen3-VL tower on CPU.
+path against SGLang's real scheduler and tiny Qwen3-VL tower on CPU. A step
+whose items all hit the cache never reaches the cap (the scheduler asks for
+encoder calls only when something missed; its test is
+test_hip_dp_encoder_vit_batching.py's cache-hit test); the splitter given no
+miss makes no call (``test_groups_without_cap_and_edge_cases``).
 """
 
 import random
@@ -146,20 +150,6 @@ def test_cap_of_one_image(model):
         alone = H.reference_rows(model, requests)
     assert [len(c) for c in calls] == [1, 1, 1, 1]
     assert torch.equal(out, alone)
-
-
-def test_empty_miss_list_makes_no_call(model):
-    from sglang.srt.runtime_context import get_mm
-
-    requests = _requests()
-    with torch.no_grad():
-        first, _ = _run(model, requests, 64)  # fills the cache
-        with get_mm().override(mm_max_encoder_patches_per_call=64), H.TowerCalls().attach(
-            model.visual
-        ) as calls:
-            again = H.run_prefill_embedding(model, requests)  # every item hits
-    assert calls.calls == []
-    assert torch.equal(first, again)
 
 
 def test_splitter_refuses_the_cap_the_cli_refuses():

@@ -1,7 +1,9 @@
 """Encoder-call metrics and DEBUG lines, through the real scheduler path.
 
 Values are read back from prometheus_client's real registry: what a
-``/metrics`` scrape of this process would show.
+``/metrics`` scrape of this process would show. A step whose items all hit
+the cache, and a multi-span item's ``full`` path, are tested once, in
+test_hip_dp_encoder_vit_batching.py, through the same records' DEBUG lines.
 """
 
 import contextlib
@@ -92,16 +94,25 @@ def test_batched_burst_counts_one_call_of_n_images(model, caplog):
     assert lines == [f"ViT encoder call: path=batched requests={N} images={N} patches={N * 64} rank=0"]
 
 
-def test_per_request_burst_counts_n_calls_of_one_image(model):
+def test_per_request_burst_counts_n_calls_of_one_image(model, caplog):
+    from sglang.srt.multimodal import vit_batching
     from sglang.srt.runtime_context import get_mm
 
     H.fresh_embedding_cache()
-    before = snapshot("per_request")
-    with torch.no_grad(), metrics_on(ROCM), get_mm().override(mm_enable_dp_encoder=False):
+    vit_batching._logged_decisions.clear()  # the gate logs once per server: a fresh one
+    before = {p: snapshot(p) for p in ("per_request", "batched")}
+    with torch.no_grad(), metrics_on(ROCM), get_mm().override(mm_enable_dp_encoder=False), caplog.at_level(
+        logging.INFO, logger="sglang.srt.multimodal.vit_batching"
+    ):
         H.run_prefill_embedding(model, _burst())
-    d = delta(snapshot("per_request"), before)
-    assert d["calls"] == N and d["images_sum"] == N and d["images_count"] == N
-    assert d["requests_sum"] == N and d["images_le_1"] == N
+    d = {p: delta(snapshot(p), before[p]) for p in before}
+    assert d["per_request"]["calls"] == N and d["per_request"]["images_sum"] == N
+    assert d["per_request"]["images_count"] == N
+    assert d["per_request"]["requests_sum"] == N and d["per_request"]["images_le_1"] == N
+    # Not one of them on the batched path, and the gate said why.
+    assert d["batched"]["calls"] == 0 and d["batched"]["images_sum"] == 0
+    gate = [r.getMessage() for r in caplog.records if r.name == "sglang.srt.multimodal.vit_batching"]
+    assert gate == ["cross-request ViT batching: off (ROCm, no DP encoder)"]
 
 
 def test_capped_calls_are_counted_per_call(model):
@@ -113,18 +124,6 @@ def test_capped_calls_are_counted_per_call(model):
         H.run_prefill_embedding(model, _burst())  # 5 x 64 patches -> 2 + 2 + 1
     d = delta(snapshot("batched"), before)
     assert d["calls"] == 3 and d["images_sum"] == N and d["requests_sum"] == N
-
-
-def test_cache_hits_make_no_call_and_no_sample(model):
-    H.fresh_embedding_cache()
-    with torch.no_grad(), metrics_on(CUDA):
-        requests = _burst()
-        start = snapshot("batched")
-        H.run_prefill_embedding(model, requests)  # all misses: one call
-        before = snapshot("batched")
-        H.run_prefill_embedding(model, requests)  # all hits: none
-    assert delta(before, start)["calls"] == 1
-    assert delta(snapshot("batched"), before)["calls"] == 0
 
 
 def test_metrics_off_records_nothing(model):
@@ -140,27 +139,6 @@ def test_metrics_off_records_nothing(model):
     with torch.no_grad(), metrics_on(CUDA):
         H.run_prefill_embedding(model, _burst())
     assert delta(snapshot("batched"), before)["calls"] == 1
-
-
-def test_multi_offset_item_goes_through_the_full_path_and_is_counted(model):
-    """An item whose placeholder tokens come in two spans (as a video's frames
-    do) is encoded by _get_chunked_embedding_full: path="full", one call."""
-    H.fresh_embedding_cache()
-    request = H.make_request([(1, 8, 8)], seed=77)  # 16 tokens, 64 patches
-    (item,) = request.items
-    start, end = item.offsets[0]
-    assert end - start + 1 == 16
-    # The same 16 tokens split 8 + 8 around 3 text tokens.
-    item.offsets = [(start, start + 7), (start + 11, start + 18)]
-    request.length += 3
-    before = {p: snapshot(p) for p in ("full", "batched", "per_request")}
-    with torch.no_grad(), metrics_on(CUDA):
-        H.run_prefill_embedding(model, [request])
-    d = {p: delta(snapshot(p), before[p]) for p in before}
-    assert d["full"]["calls"] == 1
-    assert d["full"]["images_sum"] == 1 and d["full"]["requests_sum"] == 1
-    assert d["full"]["patches_sum"] == 64
-    assert d["batched"]["calls"] == 0 and d["per_request"]["calls"] == 0
 
 
 def _attention_dp_group(rank, world_size, init_method):
