@@ -5,6 +5,12 @@ built at attention-TP 2 with ``--mm-enable-dp-encoder``, the real prefill-step
 function and DP runner), tiny sizes on the CPU. Per-request calls put every
 one-image call on one rank; the cross-request call splits the burst's images
 over both ranks as the DP encoder's load balancer assigns them.
+
+Each rank also reports what the series recorded of its steps (its DEBUG
+lines, ``observability/vit_batch_metrics``): the batched path is the series'
+cross-request call (``path=batched``, every request in it) with each rank's
+share as the balancer assigned it; the per-request path is one
+``path=per_request`` call per request.
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -12,12 +18,30 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
+import logging  # noqa: E402
 
 import pytest  # noqa: E402
 
 import gpu_vit_dp_step as D  # noqa: E402
 
 BURST = "64x64:3,128x64:2"  # 5 requests: 16 and 32 patches, interleaved
+REPEATS = 1
+METRICS_LOGGER = "sglang.srt.observability.vit_batch_metrics"
+REAL_RANK_MAIN = D.rank_main
+
+
+def observed_rank_main(rank, world_size, init_method, opts):
+    """The dry run's own rank, with the series' DEBUG records of its steps
+    collected (a handler on the metrics module's logger; nothing replaced)."""
+    from cpu_support.mm_harness import LogRecords
+
+    records = LogRecords()
+    log = logging.getLogger(METRICS_LOGGER)
+    log.addHandler(records)
+    log.setLevel(logging.DEBUG)
+    out = REAL_RANK_MAIN(rank, world_size, init_method, opts)
+    out["series_lines"] = [message for _, message in records.lines]
+    return out
 
 
 @pytest.fixture(autouse=True)
@@ -28,9 +52,10 @@ def _restore_malloc_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)  # restored after the test
 
 
-def test_dry_run_per_request_vs_one_cross_request_call(tmp_path):
+def test_dry_run_per_request_vs_one_cross_request_call(tmp_path, monkeypatch):
     out = tmp_path / "new" / "dir"
-    assert D.main(["--dry-run", "--repeats", "1", "--burst", BURST, "--out", str(out)]) == 0
+    monkeypatch.setattr(D, "rank_main", observed_rank_main)
+    assert D.main(["--dry-run", "--repeats", str(REPEATS), "--burst", BURST, "--out", str(out)]) == 0
     report = json.loads((out / "vit_dp_step.json").read_text())
     grids = [tuple(g) for g in D.U.burst_grids(D.U.parse_burst(BURST))]
     sizes = [D.U.patches(g) for g in grids]
@@ -58,6 +83,21 @@ def test_dry_run_per_request_vs_one_cross_request_call(tmp_path):
     md = (out / "vit_dp_step.md").read_text()
     assert "| per-request | 5 | 5 / 0 | 5 / 0 |" in md
     assert f"| batched | 1 | 1 / 1 | {counts[0]} / {counts[1]} |" in md
+
+    # The paths that ran, as the series recorded them on each rank: an
+    # unrelated one-image warm-up step, then each path's steps (the first,
+    # the memory run, the warmed repeats).
+    steps = 2 + REPEATS
+    warm = [f"ViT encoder call: path=batched requests=1 images=1 patches={D.U.patches((1, 4, 4))}"]
+    per_request = [f"ViT encoder call: path=per_request requests=1 images=1 patches={n}" for n in sizes]
+    batched = [f"ViT encoder call: path=batched requests=5 images=5 patches={sum(sizes)}"]
+    for rank, per_rank in enumerate(report["per_rank"]):
+        calls = [line.rsplit(" rank=", 1)[0] for line in per_rank["series_lines"]
+                 if line.startswith("ViT encoder call:")]
+        assert calls == warm + per_request * steps + batched * steps, (rank, calls)
+        shares = [line for line in per_rank["series_lines"] if line.startswith("ViT DP encoder:")]
+        # The batched steps' shares: each rank's, as the balancer assigned them.
+        assert shares[-steps:] == [f"ViT DP encoder: rank={rank} images={counts[rank]}"] * steps, shares
 
 
 @pytest.mark.control(reason="argument check of the script")

@@ -4,7 +4,8 @@
 * the launcher's command/env and its one-line errors;
 * the demo-only ROCm-gate hook, loaded as ``sitecustomize`` in a fresh
   interpreter exactly as the launcher does, against the pristine and the series
-  trees.
+  trees (each probe imports the tree it names, whatever the build under test:
+  both are controls of the harness).
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -134,11 +135,13 @@ _PROBE = r"""
 import json, sys
 sys.path.insert(0, SCRIPTS)
 from cpu_support.tiny_qwen3_vl import publish_cpu_context
+import sglang
 import sglang.srt.managers.mm_schedule as ms
 import sglang.srt.multimodal.mm_utils as mu
 from sglang.srt.runtime_context import get_platform
 out = {"has_gate": hasattr(ms, "_batch_vit_across_requests"),
-       "is_hip_global": getattr(ms, "_is_hip", None)}
+       "is_hip_global": getattr(ms, "_is_hip", None),
+       "sglang_file": sglang.__file__}
 if out["has_gate"]:
     import sglang.srt.multimodal.vision_warmup as vw
 
@@ -163,13 +166,19 @@ print("PROBE" + json.dumps(out))
 
 
 def _probe(tree):
-    env = CS.server_env(tp_size=1, simulate_rocm_gate=True, python_path=[tree])
+    """The hook in a fresh interpreter that imports sglang from ``tree``, the
+    one named, whatever sglang the test run itself imports (the pristine run's
+    FORK_SGLANG_TREE would otherwise go first)."""
+    base = {k: v for k, v in os.environ.items() if k != CS.SGLANG_TREE_ENV}
+    env = CS.server_env(tp_size=1, simulate_rocm_gate=True, python_path=[tree], base=base)
     env.pop("SGLANG_USE_CPU_ENGINE")  # in-process probe: the generic branch (docs/cpu.md)
     proc = subprocess.run([sys.executable, "-c", f"SCRIPTS = {SCRIPTS!r}\n" + _PROBE],
                           env=env, capture_output=True, text=True, timeout=600)
     line = [x for x in proc.stdout.splitlines() if x.startswith("PROBE")]
     assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads(line[0][5:]), proc.stderr
+    out = json.loads(line[0][5:])
+    assert out["sglang_file"].startswith(os.path.join(tree, "sglang") + os.sep), out["sglang_file"]
+    return out, proc.stderr
 
 
 @pytest.mark.control(reason="harness: the demo's ROCm simulation on the pristine build (the A/B's base)")
@@ -181,6 +190,8 @@ def test_rocm_gate_hook_on_pristine_forces_the_per_request_branch():
     assert "pristine build: mm_schedule._is_hip = True" in err
 
 
+@pytest.mark.control(reason="harness: the demo's ROCm simulation on the series tree, "
+                             "which the probe imports whatever the build under test")
 def test_rocm_gate_hook_on_series_decides_like_rocm_only_inside_the_gate():
     out, err = _probe(series_tree())
     assert out["has_gate"] is True
