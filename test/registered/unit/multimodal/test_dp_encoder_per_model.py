@@ -21,7 +21,9 @@ real ``mm_schedule._get_chunked_prefill_embedding`` with real
   the real model object (the gate still sees the real class and attribute)
   that returns zeros, one row per placeholder token. The thinker's audio
   encode is real.
-* On CUDA every one of them is batched into one call (upstream behaviour).
+* On CUDA the gate batches whatever the model (the decision table's CUDA
+  rows, test_hip_dp_encoder_vit_batching.py); here only the thinker's audio
+  runs on CUDA too, as the batched reference of its ROCm rows.
 
 The cap (``--mm-max-encoder-patches-per-call``) is checked in the unit each
 runner balances: through the real encode path on the same ranks for InternVL
@@ -45,7 +47,6 @@ from cpu_support.ranks import run_on_ranks  # noqa: E402
 ON_ROCM = "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)"
 OFF_NOT_DP = "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)"
 OFF_AUDIO = "cross-request ViT batching: off (ROCm, audio stays per-request)"
-ON_CUDA = "cross-request ViT batching: on (CUDA)"
 
 # Placeholder tokens per item (model facts of the tiny configs).
 INTERNVL_TOKENS_PER_TILE = 4  # 32x32 tile, 8x8 patches = 16, pixel-shuffled by 0.5
@@ -160,7 +161,7 @@ def _rank_worker(rank, world_size, init_method):
     gate_log = H.capture_log("sglang.srt.multimodal.vit_batching")
     result = {}
     calls, towers = [], []
-    platforms = ("ROCm", "CUDA")
+    platforms = ("ROCm",)
 
     # --- InternVL: real tiny model, real encoding; tiles split evenly.
     G.publish_dp_encoder_server(G.tiny_internvl_config(), rank, world_size)
@@ -230,7 +231,7 @@ def _rank_worker(rank, world_size, init_method):
     thinker.get_audio_feature = _audio_spy(thinker, calls)
     clips = [one_item_request(O.audio_item(seed=s, offset=H.TEXT_BEFORE), AUDIO_TOKENS)
              for s in (21, 22)]
-    for platform in platforms:
+    for platform in ("ROCm", "CUDA"):  # CUDA: the batched reference
         result[("thinker_audio", platform)] = _step(
             thinker.get_audio_feature, clips, platform, gate_log, calls)
     return result
@@ -286,7 +287,7 @@ def _gate(rank, line):
 
 
 # ---------------------------------------------------------------------------
-# The gate, per model and modality, on ROCm (and the CUDA control)
+# The gate, per model and modality, on ROCm
 # ---------------------------------------------------------------------------
 
 
@@ -343,27 +344,6 @@ def test_rocm_not_spread_stays_one_call_per_request(ranks, case, model, line):
         torch.testing.assert_close(rocm[0], rocm[1])
         assert rocm[0].abs().sum() > 0
         torch.testing.assert_close(rocm[0], ranks[0][(case, "CUDA")]["out"], rtol=1e-4, atol=1e-5)
-
-
-CASES = ["internvl", "muse", "glm_image", "thinker_image", "thinker_audio"]
-
-
-@pytest.mark.control(reason="upstream CUDA batching, which the series keeps")
-@pytest.mark.parametrize("case", CASES)
-def test_cuda_batches_every_model_in_one_call(ranks, case):
-    """On CUDA both requests' items go in one encoder call, spread or not."""
-    for r in ranks:
-        assert r[(case, "CUDA")]["calls"] == [2]
-    if case in ("internvl", "muse"):
-        for r in ranks:
-            torch.testing.assert_close(r[(case, "CUDA")]["out"], r[f"{case}_alone"], rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_cuda_gate_logs_on_once(ranks, case):
-    """The gate's decision on CUDA, logged once on TP rank 0."""
-    for rank, r in enumerate(ranks):
-        assert r[(case, "CUDA")]["gate"] == _gate(rank, ON_CUDA)
 
 
 # ---------------------------------------------------------------------------

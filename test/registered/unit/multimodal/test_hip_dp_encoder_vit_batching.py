@@ -5,9 +5,11 @@ attention-TP x encoder row, its reason and its INFO line). Everything else
 runs the real ``mm_schedule._get_chunked_prefill_embedding`` with SGLang's
 real Qwen3-VL (tiny sizes, random weights) on CPU and asserts which path ran:
 the gate's INFO line (its reason) and the encoder calls, with how many images
-each, observed with a forward pre-hook on the real vision tower. Platform
-facts come from ``override_platform``; the attention-TP width and the DP
-encoder flag from the runtime context's own scoped overrides.
+each, observed with a forward pre-hook on the real vision tower, and where a
+test says so the series' DEBUG record of each encoder call (its path label:
+``batched``, ``per_request``, ``full``). Platform facts come from
+``override_platform``; the attention-TP width and the DP encoder flag from the
+runtime context's own scoped overrides.
 """
 
 import contextlib
@@ -25,6 +27,7 @@ from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
 
 GATE_LOGGER = "sglang.srt.multimodal.vit_batching"
+METRICS_LOGGER = "sglang.srt.observability.vit_batch_metrics"
 
 
 def expected_gate(platform: str, flag: bool, attn_tp: int, kind: str):
@@ -142,6 +145,28 @@ def setting(platform: str, dp_encoder: bool):
         log.setLevel(previous)
 
 
+@contextlib.contextmanager
+def encoder_call_records():
+    """The series' DEBUG line of each scheduler encoder call made inside, as
+    (path, requests, images, patches)."""
+    handler = H.LogRecords()
+    log = logging.getLogger(METRICS_LOGGER)
+    previous = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    records = []
+    try:
+        yield records
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(previous)
+        for _, message in handler.lines:
+            if message.startswith("ViT encoder call: "):
+                fields = dict(f.split("=", 1) for f in message.split(": ", 1)[1].split())
+                records.append((fields["path"], int(fields["requests"]), int(fields["images"]),
+                                int(fields["patches"])))
+
+
 def decided(gate) -> list:
     """The gate's one INFO line in ``gate`` at attention-TP 1."""
     platform, flag = gate
@@ -210,14 +235,23 @@ BOTH_PATHS = pytest.mark.parametrize("gate", [BATCHED, PER_REQUEST], ids=["batch
 
 @BOTH_PATHS
 def test_cache_hits_skip_the_encoder(model, tower_calls, gate):
+    """The one test of a step whose every item hits the cache: no encoder
+    call, and nothing recorded (no DEBUG line, so no metrics sample)."""
     requests = _two_single_image_requests()
     with torch.no_grad(), setting(*gate) as lines:
-        first = H.run_prefill_embedding(model, requests)
+        with encoder_call_records() as first_records:
+            first = H.run_prefill_embedding(model, requests)
         assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
         tower_calls.reset()
-        second = H.run_prefill_embedding(model, requests)
+        with encoder_call_records() as second_records:
+            second = H.run_prefill_embedding(model, requests)
     assert lines == decided(gate)
-    assert tower_calls.calls == []
+    # The first step, as the series recorded it: the path the gate chose.
+    if gate == BATCHED:
+        assert first_records == [("batched", 2, 2, 64 + 96)]
+    else:
+        assert first_records == [("per_request", 1, 1, 64), ("per_request", 1, 1, 96)]
+    assert tower_calls.calls == [] and second_records == []
     assert torch.equal(first, second)
 
 
@@ -248,13 +282,19 @@ def test_multi_span_items_take_the_full_path(model, tower_calls, gate):
     item.offsets = [(start, start + half - 1), (start + half + 3, end + 3)]
     video_req.length += 3
     requests = [single, video_req, other]
-    out, reference = one_step(model, tower_calls, gate, requests)
+    with encoder_call_records() as records:
+        out, reference = one_step(model, tower_calls, gate, requests)
     if gate == BATCHED:
         # The two single-span images in one call, the video in its own.
         assert sorted(tower_calls.calls, key=len) == [[(1, 8, 8)], [(1, 8, 8), (1, 8, 12)]]
+        first = [("batched", 2, 2, 64 + 96)]
     else:
         # One call per request, the video's included.
         assert sorted(tower_calls.calls) == [[(1, 8, 8)], [(1, 8, 8)], [(1, 8, 12)]]
+        first = [("per_request", 1, 1, 64), ("per_request", 1, 1, 96)]
+    # The video's call is the full path's (recorded after the step's others),
+    # never a batched or per-request one.
+    assert records == first + [("full", 1, 1, 64)]
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
 
 
