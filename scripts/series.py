@@ -6,10 +6,11 @@ release of the ``sglang`` package, and nothing else:
 
 * ``patches/series`` lists the patch files in the order they apply (one name a
   line; blank lines and ``#`` comments are ignored).
-* ``patches/<subject-slug>.patch`` are ``git format-patch`` files whose paths
-  are ``a/sglang/...``: relative to the directory that HOLDS the ``sglang``
-  package (``site-packages`` of an install, ``python/`` of a source checkout
-  such as ``/sgl-workspace/sglang/python`` in the ROCm docker image).
+* ``patches/<subject-slug>.patch`` are ``git format-patch`` files with
+  SGLang's repository paths: ``a/python/sglang/...`` for code and
+  ``a/test/...`` for tests, so ``git am`` applies them to an SGLang checkout.
+  The older form ``a/sglang/...`` (relative to the directory that holds the
+  package) is still read.
 * A new module is created (``new file mode``) by the patch that first uses
   it, so every commit of ``import`` is a complete change.
 
@@ -21,7 +22,18 @@ Targets applied by an older version of this tool may carry a stamp that lists
 files the applied series created: ``revert`` removes them, and ``check`` and
 ``apply --replace`` treat them as absent upstream.
 
-Subcommands (each takes ``--target DIR``, the directory that holds ``sglang/``)
+Targets (``--target DIR``; the tool tells which one it was given)
+
+  package     DIR holds ``sglang/`` (site-packages, or ``python/`` of a
+              checkout such as ``/sgl-workspace/sglang/python``): code only;
+              the series' test files are not applied there.
+  repository  DIR is an SGLang repository root: ``python/sglang/`` and a
+              ``test/`` tree beside it; code goes under ``python/``, tests
+              under ``test/``.
+  The stamp and backups live in ``sglang/.fork-series/`` of the package
+  (``python/sglang/.fork-series/`` of a repository root).
+
+Subcommands
 
   check    dry run in a temporary staging copy of the touched files; exit 0
            when the whole series applies, else exit 1 with one line per
@@ -84,7 +96,11 @@ DEFAULT_SERIES_DIR = REPO / "patches"
 SUPPORTED_BASES = ("0.5.22", "0.5.23")
 
 PKG = "sglang"
-STAMP_DIR = ".fork-series"  # TARGET/sglang/.fork-series/
+CODE = "python"  # the repository folder that holds the package
+TESTS = "test"  # the repository's test tree
+LAYOUT_PACKAGE = "package"  # a directory holding sglang/
+LAYOUT_REPO = "repository"  # a repository root: python/sglang/ and test/
+STAMP_DIR = ".fork-series"  # <package dir>/.fork-series/
 PARTIAL_DIR = ".fork-series.partial"  # exists only while apply copies back
 STAMP_FILE = "stamp.json"
 ORIGINALS = "originals"
@@ -194,13 +210,19 @@ class Hunk:
 
 @dataclass
 class FileDiff:
-    old: str | None  # None for a new file
+    old: str | None  # None for a new file; repository form (python/sglang/..., test/...)
     new: str | None  # None for a deleted file
     hunks: list[Hunk] = field(default_factory=list)
+    start: int = 0  # where this file's "diff --git" section starts in the patch text
+    end: int = 0
 
     @property
     def path(self) -> str:
         return self.new or self.old or "?"
+
+    @property
+    def is_test(self) -> bool:
+        return self.path.startswith(TESTS + "/")
 
 
 @dataclass
@@ -208,6 +230,7 @@ class Patch:
     name: str
     data: bytes
     files: list[FileDiff]
+    legacy: bool = False  # paths a/sglang/... (relative to the package's parent)
 
     def touched(self) -> list[str]:
         out = []
@@ -237,31 +260,49 @@ class Series:
                     out.append(t)
         return out
 
+    def test_files(self) -> list[str]:
+        return [t for t in self.touched() if t.startswith(TESTS + "/")]
+
 
 _HUNK_RE = re.compile(r"^(@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@)")
 
 
-def _check_rel(path: str, where: str) -> str:
+def _canonical(path: str, where: str) -> tuple[str, bool]:
+    """(the repository form of a patch path, whether it was the legacy form).
+
+    python/sglang/... and test/... are SGLang's repository paths; sglang/...
+    is the older form, relative to the directory that holds the package."""
     parts = path.split("/")
-    if (
-        not path
-        or path.startswith("/")
-        or parts[0] != PKG
-        or len(parts) < 2
-        or any(p in ("", ".", "..") for p in parts)
-        or parts[1] in (STAMP_DIR, PARTIAL_DIR)
-    ):
-        raise SeriesError(f"{where}: path {path!r} is not a file inside the {PKG}/ package")
-    return path
+    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise SeriesError(f"{where}: path {path!r} is not a relative file path")
+    legacy = parts[0] == PKG
+    if legacy:
+        parts = [CODE, *parts]
+    if parts[0] == CODE and len(parts) >= 3 and parts[1] == PKG:
+        if parts[2] in (STAMP_DIR, PARTIAL_DIR):
+            raise SeriesError(f"{where}: path {path!r} is inside the series' own stamp directory")
+        return "/".join(parts), legacy
+    if parts[0] == TESTS and len(parts) >= 2:
+        return path, False
+    raise SeriesError(
+        f"{where}: path {path!r} is outside {CODE}/{PKG}/ and {TESTS}/ "
+        f"(the series patches only SGLang's package and its tests)"
+    )
 
 
 def parse_patch(name: str, data: bytes) -> Patch:
-    """Read the file list and hunk headers of a git-format patch (no diffing)."""
+    """Read the file list and hunk headers of a git-format patch (no diffing).
+
+    Paths are returned in the repository form (python/sglang/..., test/...);
+    a patch in the legacy form (sglang/...) is marked as such."""
     text = data.decode("utf-8", "surrogateescape")
     files: list[FileDiff] = []
     cur: FileDiff | None = None
     in_hunks = False
+    pos = 0
     for line in text.split("\n"):
+        line_start = pos
+        pos += len(line) + 1
         if line.startswith("diff --git "):
             rest = line[len("diff --git ") :]
             if rest.startswith('"'):
@@ -272,7 +313,9 @@ def parse_patch(name: str, data: bytes) -> Patch:
             if not (a.startswith("a/") and b.startswith("b/")) or a[2:] != b[2:]:
                 # Renames/copies: the real names come from the extended headers.
                 a, b = "a/", "b/"
-            cur = FileDiff(old=a[2:] or None, new=b[2:] or None)
+            if cur is not None:
+                cur.end = line_start
+            cur = FileDiff(old=a[2:] or None, new=b[2:] or None, start=line_start)
             files.append(cur)
             in_hunks = False
             continue
@@ -293,13 +336,25 @@ def parse_patch(name: str, data: bytes) -> Patch:
             cur.hunks.append(Hunk(header=m.group(1), old_start=int(m.group(2))))
     if not files:
         raise SeriesError(f"{name}: no 'diff --git' section (not a git-format patch)")
+    files[-1].end = len(text)
+    forms = set()
     for f in files:
-        for p in (f.old, f.new):
-            if p is not None:
-                _check_rel(p, name)
         if f.old is None and f.new is None:
             raise SeriesError(f"{name}: cannot read the file names of a diff section")
-    return Patch(name=name, data=data, files=files)
+        for attr in ("old", "new"):
+            raw = getattr(f, attr)
+            if raw is not None:
+                canon, legacy = _canonical(raw, name)
+                setattr(f, attr, canon)
+                forms.add(legacy)
+        if f.old and f.new and f.old.startswith(TESTS + "/") != f.new.startswith(TESTS + "/"):
+            raise SeriesError(f"{name}: {f.old} -> {f.new} moves a file between {CODE}/ and {TESTS}/")
+    if len(forms) > 1:
+        raise SeriesError(
+            f"{name}: mixes {PKG}/... paths with {CODE}/{PKG}/... or {TESTS}/... paths; "
+            f"use one form per patch"
+        )
+    return Patch(name=name, data=data, files=files, legacy=forms == {True})
 
 
 def read_series_names(series_dir: Path) -> tuple[list[str], list[str]]:
@@ -349,13 +404,58 @@ def load_series(series_dir: Path) -> Series:
 _VERSION_RE = re.compile(r"""^__version__\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 
 
-def require_sglang(target: Path) -> Path:
-    if not (target / PKG / "version.py").is_file():
+@dataclass
+class Target:
+    """What --target named: a directory holding sglang/ (site-packages, or
+    python/ of a checkout; code only), or an SGLang repository root
+    (python/sglang/ with test/ beside it; code and tests)."""
+
+    root: Path
+    layout: str
+
+    @property
+    def code_root(self) -> Path:
+        """The directory that holds the sglang package."""
+        return self.root / CODE if self.layout == LAYOUT_REPO else self.root
+
+    @property
+    def pkg_dir(self) -> Path:
+        return self.code_root / PKG
+
+    @property
+    def stamp_dir(self) -> Path:
+        return self.pkg_dir / STAMP_DIR
+
+    @property
+    def partial_dir(self) -> Path:
+        return self.pkg_dir / PARTIAL_DIR
+
+    def rel(self, path: str) -> str | None:
+        """A series path (repository form) relative to this target; None for a
+        test file where the target has no test/ tree."""
+        if self.layout == LAYOUT_REPO:
+            return path
+        if path.startswith(CODE + "/"):
+            return path[len(CODE) + 1 :]
+        return None
+
+
+def detect_target(path: Path) -> Target:
+    """Tell the layout of DIR, or refuse it in one line."""
+    if (path / CODE / PKG / "version.py").is_file() and (path / TESTS).is_dir():
+        return Target(path, LAYOUT_REPO)
+    if (path / PKG / "version.py").is_file():
+        return Target(path, LAYOUT_PACKAGE)
+    if (path / CODE / PKG / "version.py").is_file():
         raise SeriesError(
-            f"{target} holds no sglang package (no {target / PKG / 'version.py'}); "
-            "pass the directory that CONTAINS sglang/ (site-packages, or python/ of a checkout)"
+            f"{path} holds {CODE}/{PKG}/ but no {TESTS}/ tree beside it, so it is not an SGLang "
+            f"repository root; pass {path / CODE} (code only) or a repository root"
         )
-    return target
+    raise SeriesError(
+        f"{path} holds no sglang package (no {PKG}/version.py, nor {CODE}/{PKG}/version.py with "
+        f"a {TESTS}/ tree); pass the directory that CONTAINS sglang/ (site-packages, or python/ "
+        f"of a checkout) or an SGLang repository root"
+    )
 
 
 def sglang_version(target: Path) -> str | None:
@@ -387,15 +487,15 @@ def require_supported(target: Path, version: str | None, force: bool) -> None:
     )
 
 
-def _stamp_paths(target: Path) -> tuple[Path, Path]:
-    return target / PKG / STAMP_DIR, target / PKG / PARTIAL_DIR
+def _stamp_paths(target: Target) -> tuple[Path, Path]:
+    return target.stamp_dir, target.partial_dir
 
 
-def read_stamp(target: Path) -> dict | None:
+def read_stamp(target: Target) -> dict | None:
     stamp_dir, partial = _stamp_paths(target)
     if partial.exists():
         raise SeriesError(
-            f"an interrupted apply left {partial}; run `series.py revert --target {target}` first"
+            f"an interrupted apply left {partial}; run `series.py revert --target {target.root}` first"
         )
     if not stamp_dir.exists():
         return None
@@ -406,6 +506,29 @@ def read_stamp(target: Path) -> dict | None:
     except (OSError, ValueError) as exc:
         raise SeriesError(f"unreadable stamp {stamp_dir / STAMP_FILE}: {exc}")
     return stamp
+
+
+def _stamp_layout(stamp: dict) -> str:
+    # Stamps without "layout" were written for a directory holding sglang/
+    # (every stamp of the tool before repository roots were targets).
+    return stamp.get("layout", LAYOUT_PACKAGE)
+
+
+def _stamp_base(stamp_dir: Path, stamp: dict) -> Path:
+    """The directory the stamp's paths are relative to (stamp_dir is
+    <package>/.fork-series or its .partial twin)."""
+    pkg_dir = stamp_dir.parent
+    return pkg_dir.parent.parent if _stamp_layout(stamp) == LAYOUT_REPO else pkg_dir.parent
+
+
+def _stamp_rel(target: Target, stamp: dict, rel: str) -> str | None:
+    """A stamp path relative to target.root (None if outside it, e.g. a test
+    file of a repository-root stamp seen from python/)."""
+    absolute = _stamp_base(target.stamp_dir, stamp) / rel
+    try:
+        return absolute.relative_to(target.root).as_posix()
+    except ValueError:
+        return None
 
 
 def _sha(path: Path) -> str:
@@ -456,11 +579,12 @@ class Failure:
         return f"FAILED {self.patch}: " + "; ".join(self.problems)
 
 
-def _describe(patch: Patch, output: str) -> list[str]:
-    """Turn git apply --reject output into 'FILE hunk #N (@@ ... @@)' items."""
+def _describe(patch: Patch, output: str, rel=lambda path: path) -> list[str]:
+    """Turn git apply --reject output into 'FILE hunk #N (@@ ... @@)' items
+    (rel maps the patch's paths to the names git apply printed)."""
     by_file: dict[str, list[FileDiff]] = {}
     for f in patch.files:
-        by_file.setdefault(f.path, []).append(f)
+        by_file.setdefault(rel(f.path), []).append(f)
     problems: list[str] = []
     rejected: dict[str, list[int]] = {}
     failed_lines: dict[str, list[int]] = {}
@@ -508,12 +632,40 @@ def _describe(patch: Patch, output: str) -> list[str]:
     return problems
 
 
-def stage_series(series: Series, sources: dict[str, Path], work: Path) -> tuple[Path, list[Failure]]:
-    """Copy the touched files into work/tree and apply the series there.
+def _touched(target: Target, series: Series) -> list[str]:
+    """The files the series touches in this target, relative to it."""
+    return [r for r in (target.rel(p) for p in series.touched()) if r is not None]
 
-    `sources` maps each touched relative path that exists upstream to the file
-    holding its upstream bytes. Failing patches are reported and skipped (their
-    good hunks stay applied) so that later patches are still tried.
+
+def _patch_for(target: Target, patch: Patch) -> tuple[bytes | None, list[str]]:
+    """The bytes git apply gets for this patch in this target's layout, and
+    its path options; None when nothing of the patch belongs in the target
+    (a patch of test files only, for a target without test/)."""
+    if patch.legacy:
+        return patch.data, ([f"--directory={CODE}"] if target.layout == LAYOUT_REPO else [])
+    if target.layout == LAYOUT_REPO:
+        return patch.data, []
+    code = [f for f in patch.files if not f.is_test]
+    if not code:
+        return None, []
+    data = patch.data
+    if len(code) < len(patch.files):
+        text = data.decode("utf-8", "surrogateescape")
+        kept = text[: patch.files[0].start] + "".join(text[f.start : f.end] for f in code)
+        data = kept.encode("utf-8", "surrogateescape")
+    return data, ["-p2"]  # a/python/sglang/... -> sglang/...
+
+
+def stage_series(
+    series: Series, sources: dict[str, Path], work: Path, target: Target
+) -> tuple[Path, list[Failure]]:
+    """Copy the touched files into work/tree and apply the series there, in
+    the target's layout.
+
+    `sources` maps each touched target-relative path that exists upstream to
+    the file holding its upstream bytes. Failing patches are reported and
+    skipped (their good hunks stay applied) so that later patches are still
+    tried.
     """
     tree = work / "tree"
     tree.mkdir()
@@ -524,49 +676,59 @@ def stage_series(series: Series, sources: dict[str, Path], work: Path) -> tuple[
     env = _git_env(isolated=True, ceiling=work)
     failures: list[Failure] = []
     for i, patch in enumerate(series.patches):
+        data, opts = _patch_for(target, patch)
+        if data is None:
+            continue
         pfile = work / f"patch-{i:03d}.patch"
-        pfile.write_bytes(patch.data)
+        pfile.write_bytes(data)
         proc = _git(
-            ["apply", "--reject", "--whitespace=nowarn", "--verbose", str(pfile)],
+            ["apply", "--reject", "--whitespace=nowarn", "--verbose", *opts, str(pfile)],
             cwd=tree,
             env=env,
             check=False,
         )
         for rel in patch.touched():
-            rej = tree / (rel + ".rej")
-            if rej.exists():
+            mapped = target.rel(rel)
+            rej = tree / f"{mapped}.rej" if mapped else None
+            if rej is not None and rej.exists():
                 rej.unlink()
         if proc.returncode != 0:
-            failures.append(Failure(patch.name, _describe(patch, _err(proc) + "\n" + _out(proc))))
+            output = _err(proc) + "\n" + _out(proc)
+            failures.append(Failure(patch.name, _describe(patch, output, lambda p: target.rel(p) or p)))
     return tree, failures
 
 
-def _created_by(stamp: dict | None) -> set[str]:
-    """The files the applied series created: absent from the upstream tree.
+def _created_by(target: Target, stamp: dict | None) -> set[str]:
+    """The files the applied series created (target-relative): absent from
+    the upstream tree.
 
     A new file of a patch is in the stamp's "files" with existed false; a
     stamp written by an older version of this tool also lists the files its
     overlay copied in under "overlay"."""
     if not stamp:
         return set()
-    created = {e["path"] for e in stamp["files"] if not e["existed"]}
-    created.update(stamp.get("overlay", []))
-    return created
+    created = [e["path"] for e in stamp["files"] if not e["existed"]]
+    created += stamp.get("overlay", [])
+    return {r for r in (_stamp_rel(target, stamp, c) for c in created) if r is not None}
 
 
-def _pristine_sources(target: Path, series: Series, stamp: dict | None) -> dict[str, Path]:
+def _pristine_sources(target: Target, series: Series, stamp: dict | None) -> dict[str, Path]:
     """Where each touched file's upstream bytes are: in the target, in the
     backups of the applied series, or nowhere (a file that does not exist
-    upstream, including every file the applied series created)."""
-    backups: dict[str, dict] = {}
-    if stamp:
-        backups = {e["path"]: e for e in stamp["files"] if e["existed"]}
-    created = _created_by(stamp)
+    upstream, including every file the applied series created). Keys are
+    relative to the target."""
     stamp_dir, _ = _stamp_paths(target)
+    backups: dict[str, Path] = {}
+    if stamp:
+        for e in stamp["files"]:
+            r = _stamp_rel(target, stamp, e["path"])
+            if e["existed"] and r is not None:
+                backups[r] = stamp_dir / ORIGINALS / e["path"]
+    created = _created_by(target, stamp)
     out = {}
-    for rel in series.touched():
+    for rel in _touched(target, series):
         if rel in backups:
-            b = stamp_dir / ORIGINALS / rel
+            b = backups[rel]
             if not b.is_file():
                 raise SeriesError(
                     f"the backup of {rel} is missing from {stamp_dir}; cannot tell its upstream bytes"
@@ -575,7 +737,7 @@ def _pristine_sources(target: Path, series: Series, stamp: dict | None) -> dict[
             continue
         if rel in created:
             continue
-        src = target / rel
+        src = target.root / rel
         if src.is_symlink():
             raise SeriesError(f"{src} is a symlink; refusing to patch through it")
         if src.is_file():
@@ -590,13 +752,22 @@ def _pristine_sources(target: Path, series: Series, stamp: dict | None) -> dict[
 # --------------------------------------------------------------------------
 
 
-def _open_target(args) -> tuple[Path, str | None, dict | None, Series]:
-    """What check, apply and status start from: the target tree (it must hold
-    sglang), its sglang version, its stamp (None when no series is applied)
-    and the series of this checkout."""
-    target = require_sglang(Path(args.target).resolve())
+def _open_target(args) -> tuple[Target, str | None, dict | None, Series]:
+    """What check, apply and status start from: the target (a directory
+    holding sglang, or a repository root), its sglang version, its stamp
+    (None when no series is applied) and the series of this checkout."""
+    target = detect_target(Path(args.target).resolve())
     series = load_series(args.series_dir)
-    return target, sglang_version(target), read_stamp(target), series
+    return target, sglang_version(target.code_root), read_stamp(target), series
+
+
+def _tests_skipped_line(target: Target, series: Series) -> str | None:
+    """Said once by check, apply and status where the series' test files do
+    not go."""
+    tests = series.test_files()
+    if target.layout == LAYOUT_REPO or not tests:
+        return None
+    return f"{len(tests)} test file(s) not applied: this target has no {TESTS}/ tree"
 
 
 def cmd_check(args) -> int:
@@ -608,102 +779,117 @@ def cmd_check(args) -> int:
             file=sys.stderr,
         )
     if stamp:
-        print(f"note: a series is applied to {target}; checking against its upstream backups")
+        print(f"note: a series is applied to {target.root}; checking against its upstream backups")
+    skipped = _tests_skipped_line(target, series)
+    if skipped:
+        print(f"note: {skipped}")
     sources = _pristine_sources(target, series, stamp)
     with tempfile.TemporaryDirectory(prefix="series-check-") as tmp:
-        _, failures = stage_series(series, sources, Path(tmp))
+        _, failures = stage_series(series, sources, Path(tmp), target)
     for f in failures:
         print(f.line())
     if failures:
         print(
             f"series.py: error: {len(failures)} of {len(series.patches)} patch(es) do not apply to "
-            f"sglang {version} at {target}",
+            f"sglang {version} at {target.root}",
             file=sys.stderr,
         )
         return EXIT_CHECK_FAILED
-    print(f"ok: {len(series.patches)} patch(es) apply cleanly to sglang {version} at {target}")
+    print(f"ok: {len(series.patches)} patch(es) apply cleanly to sglang {version} at {target.root}")
     return 0
 
 
 def cmd_apply(args) -> int:
     target, version, stamp, series = _open_target(args)
     if stamp:
-        if stamp["series_hash"] == series.hash:
+        same_layout = _stamp_layout(stamp) == target.layout
+        if stamp["series_hash"] == series.hash and same_layout:
             print(
                 f"already applied: series {series.hash[:12]} ({len(series.patches)} patch(es)) "
-                f"on sglang {stamp.get('sglang_version')} at {target}"
+                f"on sglang {stamp.get('sglang_version')} at {target.root}"
             )
             return 0
         if not args.replace:
+            if stamp["series_hash"] == series.hash:
+                raise SeriesError(
+                    f"this series is applied to {_stamp_base(target.stamp_dir, stamp)} as a "
+                    f"{_stamp_layout(stamp)} target, not to {target.root} as a {target.layout} target; "
+                    f"run `series.py revert --target {target.root}` first"
+                )
             raise SeriesError(
                 f"a different series ({stamp['series_hash'][:12]}, {len(stamp['patches'])} patch(es)) "
-                f"is already applied to {target}; run `series.py revert --target {target}` first"
+                f"is already applied to {target.root}; run `series.py revert --target {target.root}` first"
             )
-        require_supported(target, version, args.force)
+        require_supported(target.root, version, args.force)
         # --replace: prove the new series applies to the upstream files (kept in
         # the old stamp's backups) before anything is reverted.
         with tempfile.TemporaryDirectory(prefix="series-replace-") as tmp:
-            _, failures = stage_series(series, _pristine_sources(target, series, stamp), Path(tmp))
+            _, failures = stage_series(
+                series, _pristine_sources(target, series, stamp), Path(tmp), target
+            )
         if failures:
             for f in failures:
                 print(f.line(), file=sys.stderr)
             raise SeriesError(
                 f"{len(failures)} of {len(series.patches)} patch(es) do not apply to sglang {version} "
-                f"at {target}; the applied series was left in place"
+                f"at {target.root}; the applied series was left in place"
             )
-        problem = _undo(target, _stamp_paths(target)[0], stamp)
+        problem = _undo(_stamp_base(target.stamp_dir, stamp), target.stamp_dir, stamp)
         if problem:
             raise SeriesError(f"could not revert the applied series ({problem})")
         print(f"reverted the previously applied series {stamp['series_hash'][:12]}")
-    require_supported(target, version, args.force)
+    require_supported(target.root, version, args.force)
 
     sources = _pristine_sources(target, series, None)
-    for rel in series.touched():
+    for rel in _touched(target, series):
         parts = rel.split("/")[:-1]
-        for i in range(2, len(parts) + 1):
-            p = target.joinpath(*parts[:i])
+        for i in range(1, len(parts) + 1):
+            p = target.root.joinpath(*parts[:i])
             if p.exists() and not p.is_dir():
                 raise SeriesError(f"{p} is not a directory; cannot place {rel} there")
 
     with tempfile.TemporaryDirectory(prefix="series-apply-") as tmp:
-        tree, failures = stage_series(series, sources, Path(tmp))
+        tree, failures = stage_series(series, sources, Path(tmp), target)
         if failures:
             for f in failures:
                 print(f.line(), file=sys.stderr)
             raise SeriesError(
                 f"{len(failures)} of {len(series.patches)} patch(es) do not apply to sglang "
-                f"{version} at {target}; target left unchanged"
+                f"{version} at {target.root}; target left unchanged"
             )
         _commit_apply(target, series, version, tree)
     print(
         f"applied series {series.hash[:12]}: {len(series.patches)} patch(es) "
-        f"to sglang {version} at {target}"
+        f"to sglang {version} at {target.root}"
     )
     for name in series.names:
         print(f"  {name}")
+    skipped = _tests_skipped_line(target, series)
+    if skipped:
+        print(f"note: {skipped}")
     return 0
 
 
-def _commit_apply(target, series, version, tree) -> None:
+def _commit_apply(target: Target, series: Series, version, tree) -> None:
     stamp_dir, partial = _stamp_paths(target)
-    touched = series.touched()
+    root = target.root
     files = []
     created_dirs: list[str] = []
     writes: list[tuple[Path, Path]] = []  # (staged result, target path)
     deletes: list[Path] = []
-    for rel in touched:
-        existed = (target / rel).is_file()
+    for rel in _touched(target, series):
+        existed = (root / rel).is_file()
         result = tree / rel
         entry = {"path": rel, "existed": existed}
         if result.is_file():
             entry["applied_sha256"] = _sha(result)
-            for d in _missing_dirs(target, rel):
+            for d in _missing_dirs(root, rel):
                 if d not in created_dirs:
                     created_dirs.append(d)
-            writes.append((result, target / rel))
+            writes.append((result, root / rel))
         elif existed:
             entry["applied_sha256"] = None
-            deletes.append(target / rel)
+            deletes.append(root / rel)
         files.append(entry)
 
     stamp = {
@@ -716,6 +902,10 @@ def _commit_apply(target, series, version, tree) -> None:
         "sglang_version": version,
         "applied_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    if target.layout == LAYOUT_REPO:
+        # Paths relative to the repository root; a stamp without this key has
+        # paths relative to the directory holding sglang/.
+        stamp["layout"] = LAYOUT_REPO
 
     fail_after = os.environ.get(_FAULT_ENV)
     fail_after = int(fail_after) if fail_after else None
@@ -725,7 +915,7 @@ def _commit_apply(target, series, version, tree) -> None:
             if entry["existed"]:
                 b = partial / ORIGINALS / entry["path"]
                 b.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(target / entry["path"], b)
+                shutil.copy2(root / entry["path"], b)
         (partial / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
         for n, (src, dst) in enumerate(writes):
             if fail_after is not None and n >= fail_after:
@@ -736,7 +926,7 @@ def _commit_apply(target, series, version, tree) -> None:
             dst.unlink()
         os.rename(partial, stamp_dir)
     except BaseException as exc:
-        problem = _undo(target, partial, stamp)
+        problem = _undo(root, partial, stamp)
         detail = f"{type(exc).__name__}: {exc}" if not isinstance(exc, SeriesError) else str(exc)
         if problem:
             raise SeriesError(
@@ -746,11 +936,12 @@ def _commit_apply(target, series, version, tree) -> None:
         raise SeriesError(f"apply failed while writing the target ({detail}); target rolled back")
 
 
-def _undo(target: Path, stamp_dir: Path, stamp: dict) -> str | None:
-    """Put the upstream bytes back from stamp_dir; remove what the series added."""
+def _undo(base: Path, stamp_dir: Path, stamp: dict) -> str | None:
+    """Put the upstream bytes back from stamp_dir; remove what the series
+    added. base: the directory the stamp's paths are relative to."""
     problem = None
     for entry in stamp["files"]:
-        dst = target / entry["path"]
+        dst = base / entry["path"]
         try:
             if entry["existed"]:
                 b = stamp_dir / ORIGINALS / entry["path"]
@@ -765,14 +956,14 @@ def _undo(target: Path, stamp_dir: Path, stamp: dict) -> str | None:
             problem = problem or f"{entry['path']}: {exc}"
     # A stamp of an older version of this tool: the overlay files it copied in.
     for rel in stamp.get("overlay", []):
-        dst = target / rel
+        dst = base / rel
         try:
             if dst.is_file() or dst.is_symlink():
                 dst.unlink()
         except OSError as exc:
             problem = problem or f"{rel}: {exc}"
     for d in sorted(stamp.get("created_dirs", []), key=lambda s: -s.count("/")):
-        p = target / d
+        p = base / d
         pycache = p / "__pycache__"
         try:
             if pycache.is_dir() and not any(
@@ -789,11 +980,11 @@ def _undo(target: Path, stamp_dir: Path, stamp: dict) -> str | None:
 
 
 def cmd_revert(args) -> int:
-    target = require_sglang(Path(args.target).resolve())
+    target = detect_target(Path(args.target).resolve())
     stamp_dir, partial = _stamp_paths(target)
     where = partial if partial.exists() else stamp_dir
     if not where.exists():
-        print(f"not applied: no series stamp in {target / PKG}")
+        print(f"not applied: no series stamp in {target.pkg_dir}")
         return 0
     if where is partial and not (partial / STAMP_FILE).is_file():
         # apply was interrupted while saving backups, before it wrote anything.
@@ -804,6 +995,7 @@ def cmd_revert(args) -> int:
         stamp = json.loads((where / STAMP_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise SeriesError(f"unreadable stamp {where / STAMP_FILE}: {exc}; cannot revert safely")
+    base = _stamp_base(where, stamp)
     missing = [
         e["path"]
         for e in stamp["files"]
@@ -813,18 +1005,18 @@ def cmd_revert(args) -> int:
         raise SeriesError(f"the backup of {missing[0]} is missing from {where}; cannot revert safely")
     modified = []
     for e in stamp["files"]:
-        dst = target / e["path"]
+        dst = base / e["path"]
         want = e.get("applied_sha256")
         if want and dst.is_file() and _sha(dst) != want:
             modified.append(e["path"])
-    problem = _undo(target, where, stamp)
+    problem = _undo(base, where, stamp)
     if problem:
         raise SeriesError(f"revert incomplete ({problem}); backups kept in {where}")
     for rel in modified:
         print(f"note: {rel} was edited after apply; restored the upstream file anyway")
     print(
         f"reverted series {stamp['series_hash'][:12]} ({len(stamp['patches'])} patch(es)) "
-        f"from {target}"
+        f"from {base}"
     )
     return 0
 
@@ -832,9 +1024,13 @@ def cmd_revert(args) -> int:
 def cmd_status(args) -> int:
     target, version, stamp, series = _open_target(args)
     applied = stamp is not None
-    current = bool(stamp and stamp["series_hash"] == series.hash)
+    current = bool(
+        stamp and stamp["series_hash"] == series.hash and _stamp_layout(stamp) == target.layout
+    )
+    skipped = _tests_skipped_line(target, series)
     info = {
-        "target": str(target),
+        "target": str(target.root),
+        "layout": target.layout,
         "sglang_version": version,
         "applied": applied,
         "current": current,
@@ -842,17 +1038,23 @@ def cmd_status(args) -> int:
         "patches": list(stamp["patches"]) if stamp else [],
         "supported_base": version in SUPPORTED_BASES,
         "current_series_hash": series.hash,
+        "test_files_not_applied": len(series.test_files()) if skipped else 0,
     }
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     base = "supported base" if info["supported_base"] else "NOT a supported base"
-    print(f"target:  {target}")
+    print(f"target:  {target.root} ({target.layout})")
     print(f"sglang:  {version or 'unknown version'} ({base})")
     if not applied:
         print(f"series:  not applied (current series {series.hash[:12]}, {len(series.patches)} patch(es))")
     elif current:
         print(f"series:  applied, the current series ({series.hash[:12]})")
+    elif stamp["series_hash"] == series.hash:
+        print(
+            f"series:  applied as a {_stamp_layout(stamp)} target to "
+            f"{_stamp_base(target.stamp_dir, stamp)} - run `series.py revert` then `series.py apply`"
+        )
     else:
         print(
             f"series:  applied, a DIFFERENT series ({stamp['series_hash'][:12]}; current is "
@@ -862,6 +1064,8 @@ def cmd_status(args) -> int:
         print("patches:")
         for name in stamp["patches"]:
             print(f"  {name}")
+    if skipped:
+        print(f"note:    {skipped}")
     return 0
 
 
@@ -869,24 +1073,41 @@ def cmd_status(args) -> int:
 # the developer's loop: import / export / rebase
 # --------------------------------------------------------------------------
 
-_PKG_PATHSPEC = [
-    PKG,
+_CODE_PKG = f"{CODE}/{PKG}"
+_NOT_TRACKED = [
     ":(exclude,glob)**/__pycache__/**",
     ":(exclude,glob)**/*.pyc",
     ":(exclude,glob)**/*.pyo",
-    f":(exclude){PKG}/{STAMP_DIR}",
-    f":(exclude){PKG}/{PARTIAL_DIR}",
+    f":(exclude){_CODE_PKG}/{STAMP_DIR}",
+    f":(exclude){_CODE_PKG}/{PARTIAL_DIR}",
 ]
+_TRACKED_PATHSPEC = [_CODE_PKG, TESTS, *_NOT_TRACKED]
 
 _EXCLUDES = f"""\
-# written by scripts/series.py import: only the sglang package is tracked
+# written by scripts/series.py import: only python/sglang/ and test/ are tracked
 /*
-!/{PKG}/
+!/{CODE}/
+/{CODE}/*
+!/{_CODE_PKG}/
+!/{TESTS}/
 __pycache__/
 *.py[co]
-/{PKG}/{STAMP_DIR}/
-/{PKG}/{PARTIAL_DIR}/
+/{_CODE_PKG}/{STAMP_DIR}/
+/{_CODE_PKG}/{PARTIAL_DIR}/
 """
+
+
+def _pristine_tree(path: Path) -> Target:
+    """A pristine tree given to import or rebase --onto: a directory holding
+    sglang/, or a repository root (python/sglang/; its test/ tree if any)."""
+    if (path / CODE / PKG / "version.py").is_file():
+        return Target(path, LAYOUT_REPO)
+    if (path / PKG / "version.py").is_file():
+        return Target(path, LAYOUT_PACKAGE)
+    raise SeriesError(
+        f"{path} holds no sglang package (no {PKG}/version.py, nor {CODE}/{PKG}/version.py); "
+        f"pass a directory that CONTAINS sglang/ or an SGLang repository root"
+    )
 
 
 def _own_git_dir(d: Path) -> Path | None:
@@ -911,17 +1132,49 @@ def _ensure_identity(repo: Path) -> None:
         print(f"note: no git identity configured; set user.name/user.email to {FALLBACK_IDENT} in {repo}")
 
 
-def _commit_pristine(repo: Path, tree_root: Path, version: str | None, parent: str | None) -> str:
-    """Commit tree_root/sglang (pristine) into repo as a commit object; returns its sha."""
+def _mktree(repo: Path, entries: dict[str, str]) -> str:
+    """A tree object of subtrees (name -> tree sha)."""
+    spec = "".join(f"040000 tree {sha}\t{name}\n" for name, sha in sorted(entries.items()))
+    return _out(_git(["mktree"], cwd=repo, input_bytes=spec.encode())).strip()
+
+
+def _subtree(repo: Path, rev: str, path: str) -> str | None:
+    proc = _git(["rev-parse", "--verify", "-q", f"{rev}:{path}"], cwd=repo, check=False)
+    return _out(proc).strip() or None if proc.returncode == 0 else None
+
+
+def _commit_pristine(
+    repo: Path, source: Target, version: str | None, parent: str | None
+) -> str:
+    """Commit the pristine sglang of source (as python/sglang/, with source's
+    test/ tree if it has one) into repo as a commit object; returns its sha.
+
+    A source holding sglang/ has no tests: the parent's test/ tree is kept."""
     git_dir = str(repo / ".git")
+    if source.layout == LAYOUT_REPO:
+        tests_dir = source.root / TESTS
+        has_tests = tests_dir.is_dir() and any(p.is_file() for p in tests_dir.rglob("*"))
+        spec = [_CODE_PKG, *([TESTS] if has_tests else []), *_NOT_TRACKED]
+    else:
+        spec = [PKG, *[s.replace(f"{_CODE_PKG}/", f"{PKG}/") for s in _NOT_TRACKED]]
     with tempfile.TemporaryDirectory(prefix="series-index-") as tmp:
         env = _git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
         _git(
-            ["--git-dir", git_dir, "--work-tree", str(tree_root), "add", "-A", "-f", "--", *_PKG_PATHSPEC],
-            cwd=tree_root,
+            ["--git-dir", git_dir, "--work-tree", str(source.root), "add", "-A", "-f", "--", *spec],
+            cwd=source.root,
             env=env,
         )
-        tree = _out(_git(["--git-dir", git_dir, "write-tree"], cwd=tree_root, env=env)).strip()
+        tree = _out(_git(["--git-dir", git_dir, "write-tree"], cwd=source.root, env=env)).strip()
+    if source.layout == LAYOUT_REPO:
+        code, tests = _subtree(repo, tree, _CODE_PKG), _subtree(repo, tree, TESTS)
+    else:
+        code, tests = _subtree(repo, tree, PKG), None
+    if tests is None and parent:
+        tests = _subtree(repo, parent, TESTS)
+    top = {CODE: _mktree(repo, {PKG: code})}
+    if tests:
+        top[TESTS] = tests
+    tree = _mktree(repo, top)
     env = _git_env(
         GIT_AUTHOR_NAME=UPSTREAM_IDENT[0],
         GIT_AUTHOR_EMAIL=UPSTREAM_IDENT[1],
@@ -955,13 +1208,19 @@ def _require_imported(repo: Path) -> None:
             f"a git am/rebase is in progress in {repo}; finish it (`git am --continue` or "
             f"`git rebase --continue`) or abort it first"
         )
+    if _subtree(repo, UPSTREAM_BRANCH, _CODE_PKG) is None:
+        raise SeriesError(
+            f"{repo} has no {_CODE_PKG}/ in its `{UPSTREAM_BRANCH}` commit (an import by an older "
+            f"series.py, with sglang/ at the top); import a pristine tree again"
+        )
     dirty = _out(
-        _git(["status", "--porcelain", "--untracked-files=no", "--", PKG], cwd=repo)
+        _git(["status", "--porcelain", "--untracked-files=no", "--", _CODE_PKG, TESTS], cwd=repo)
     ).strip()
     if dirty:
         first = dirty.splitlines()[0][3:]
         raise SeriesError(
-            f"{repo} has uncommitted changes under {PKG}/ (e.g. {first}); commit or stash them first"
+            f"{repo} has uncommitted changes under {_CODE_PKG}/ or {TESTS}/ (e.g. {first}); "
+            f"commit or stash them first"
         )
 
 
@@ -978,22 +1237,63 @@ def slug(subject: str) -> str:
     return s or "patch"
 
 
+def _to_repo_form(patch: Patch) -> bytes:
+    """The patch with SGLang's repository paths: a legacy patch's sglang/...
+    becomes python/sglang/... in its file headers (never inside hunks)."""
+    if not patch.legacy:
+        return patch.data
+    old, new = f"{PKG}/", f"{CODE}/{PKG}/"
+    out = []
+    in_section = in_hunks = False
+    for line in patch.data.decode("utf-8", "surrogateescape").split("\n"):
+        if line.startswith("diff --git "):
+            in_section, in_hunks = True, False
+            rest = line[len("diff --git ") :]
+            a, sep, b = rest.rpartition(" b/")
+            if a.startswith("a/" + old) and b.startswith(old):
+                line = f"diff --git a/{new}{a[2 + len(old):]} b/{new}{b[len(old):]}"
+        elif in_section and not in_hunks:
+            if line.startswith("@@ "):
+                in_hunks = True
+            else:
+                for prefix in ("--- a/", "+++ b/", "rename from ", "rename to ", "copy from ", "copy to "):
+                    if line.startswith(prefix + old):
+                        line = prefix + new + line[len(prefix) + len(old) :]
+                        break
+        out.append(line)
+    return "\n".join(out).encode("utf-8", "surrogateescape")
+
+
 def cmd_import(args) -> int:
-    repo = require_sglang(Path(args.target).resolve())
-    stamp_dir, partial = _stamp_paths(repo)
-    if stamp_dir.exists() or partial.exists():
+    given = Path(args.target).resolve()
+    source = _pristine_tree(given)
+    if source.stamp_dir.exists() or source.partial_dir.exists():
         raise SeriesError(
-            f"a series is applied to {repo} by `series.py apply`; import needs a pristine tree "
-            f"(run `series.py revert --target {repo}` first)"
+            f"a series is applied to {given} by `series.py apply`; import needs a pristine tree "
+            f"(run `series.py revert --target {given}` first)"
         )
     series = load_series(args.series_dir)
-    version = sglang_version(repo)
-    top = _inside_work_tree_with_commits(repo)
+    version = sglang_version(source.code_root)
+    top = _inside_work_tree_with_commits(given)
     if top and not args.force:
         raise SeriesError(
-            f"{repo} is already inside a git work tree with commits ({top}); pass --force to import "
-            f"anyway (a repository of its own at {repo}, or a re-import if it is one)"
+            f"{given} is already inside a git work tree with commits ({top}); pass --force to import "
+            f"anyway (a repository of its own at {given}, or a re-import if it is one)"
         )
+    if source.layout == LAYOUT_PACKAGE and (given / CODE).exists():
+        raise SeriesError(
+            f"{given} holds {PKG}/ and a {CODE}/ too; import moves {PKG}/ to {CODE}/{PKG}/, so pass a "
+            f"directory without {CODE}/"
+        )
+
+    repo = given
+    if source.layout == LAYOUT_PACKAGE:
+        # The repository layout: the package moves to python/sglang/, tests go to test/.
+        (repo / CODE).mkdir()
+        os.rename(repo / PKG, repo / CODE / PKG)
+        print(f"moved {repo / PKG} to {repo / CODE / PKG} (SGLang's repository layout)")
+    (repo / TESTS).mkdir(exist_ok=True)
+    source = Target(repo, LAYOUT_REPO)
 
     if _own_git_dir(repo) is None:
         _git(["init", "-q", "-b", WORK_BRANCH], cwd=repo)
@@ -1002,39 +1302,49 @@ def cmd_import(args) -> int:
     (info / "exclude").write_text(_EXCLUDES, encoding="utf-8")
     _ensure_identity(repo)
 
-    upstream = _commit_pristine(repo, repo, version, None)
+    upstream = _commit_pristine(repo, source, version, None)
     _git(["symbolic-ref", "HEAD", f"refs/heads/{WORK_BRANCH}"], cwd=repo)
     _git(["reset", "-q", upstream], cwd=repo)
     _git(["tag", "-f", f"upstream-{version}", upstream], cwd=repo)
     _git(["branch", "-f", UPSTREAM_BRANCH, upstream], cwd=repo)
 
-    if series.patches:
-        proc = _git(
-            [
-                "am",
-                "--3way",
-                "--keep-non-patch",
-                "--committer-date-is-author-date",
-                "--no-gpg-sign",
-                *[str(series.series_dir / n) for n in series.names],
-            ],
-            cwd=repo,
-            check=False,
-        )
-        if proc.returncode != 0:
+    with tempfile.TemporaryDirectory(prefix="series-import-") as tmp:
+        # Legacy patches (sglang/...) are converted to the repository form
+        # here; git am keeps its own copy, so `git am --continue` works after
+        # this directory is gone.
+        files = []
+        for i, patch in enumerate(series.patches):
+            f = Path(tmp) / f"{i:04d}-{patch.name}"
+            f.write_bytes(_to_repo_form(patch))
+            files.append(f)
+        proc = None
+        if files:
+            proc = _git(
+                [
+                    "am",
+                    "--3way",
+                    "--keep-non-patch",
+                    "--committer-date-is-author-date",
+                    "--no-gpg-sign",
+                    *[str(f) for f in files],
+                ],
+                cwd=repo,
+                check=False,
+            )
+        if proc is not None and proc.returncode != 0:
             text = _out(proc) + "\n" + _err(proc)
             m = re.search(r"^Patch failed at (\d+) ", text, re.M)
             index = int(m.group(1)) - 1 if m else None
             name = series.names[index] if index is not None else "?"
-            files = _conflicted(repo)
-            if files:
-                what = f"conflicts in {', '.join(files)}"
+            conflicted = _conflicted(repo)
+            if conflicted:
+                what = f"conflicts in {', '.join(conflicted)}"
             else:
                 # No 3-way merge was possible (e.g. the patch's base blobs are
                 # not in this tree): say which hunks do not apply.
                 what = "; ".join(
                     _describe(series.patches[index], _err(
-                        _git(["apply", "--check", "-v", str(series.series_dir / name)], cwd=repo, check=False)
+                        _git(["apply", "--check", "-v", str(files[index])], cwd=repo, check=False)
                     ))
                 ) if index is not None else "see `git am --show-current-patch=diff`"
             raise SeriesError(
@@ -1084,10 +1394,10 @@ def cmd_export(args) -> int:
                 f"(`git rebase -i {UPSTREAM_BRANCH}`) before exporting"
             )
         for p in touched[c]:
-            if not p.startswith(PKG + "/"):
+            if not (p.startswith(_CODE_PKG + "/") or p.startswith(TESTS + "/")):
                 raise SeriesError(
-                    f"commit {c[:12]} ({subjects[c]}) changes {p}, outside {PKG}/; the series only "
-                    f"patches the {PKG} package"
+                    f"commit {c[:12]} ({subjects[c]}) changes {p}, outside {_CODE_PKG}/ and "
+                    f"{TESTS}/; the series only patches SGLang's package and its tests"
                 )
 
     patches: list[tuple[str, bytes]] = []
@@ -1110,6 +1420,7 @@ def cmd_export(args) -> int:
             cwd=repo,
             env=fmt_env,
         )
+        parse_patch(name + ".patch", proc.stdout)  # its paths are ones the series may name
         patches.append((name + ".patch", proc.stdout))
 
     # All computed; now write.
@@ -1148,10 +1459,12 @@ def cmd_export(args) -> int:
 def cmd_rebase(args) -> int:
     repo = Path(args.target).resolve()
     _require_imported(repo)
-    newtree = require_sglang(Path(args.onto).resolve())
+    newtree = _pristine_tree(Path(args.onto).resolve())
     if any(p.exists() for p in _stamp_paths(newtree)):
-        raise SeriesError(f"a series is applied to {newtree}; --onto needs a pristine tree (revert it first)")
-    version = sglang_version(newtree)
+        raise SeriesError(
+            f"a series is applied to {newtree.root}; --onto needs a pristine tree (revert it first)"
+        )
+    version = sglang_version(newtree.code_root)
     _ensure_identity(repo)
     old = _out(_git(["rev-parse", f"refs/heads/{UPSTREAM_BRANCH}"], cwd=repo)).strip()
     new = _commit_pristine(repo, newtree, version, old)

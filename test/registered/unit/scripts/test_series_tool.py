@@ -41,8 +41,18 @@ def real_series_names() -> list[str]:
     return [l.strip() for l in lines if l.strip() and not l.strip().startswith("#")]
 
 
+def _package_path(path: str) -> str | None:
+    """A patch path relative to the directory that holds sglang/: the
+    repository form python/sglang/... loses python/, the legacy form
+    sglang/... is that already; None for a test file (test/...)."""
+    if path.startswith("test/"):
+        return None
+    return path.removeprefix("python/")
+
+
 def _diff_sections(series_dir: Path):
-    """(path, creates) for every file section of every patch, in series order."""
+    """(path, creates) for every code file section of every patch, in series
+    order; paths relative to the directory that holds sglang/."""
     names = [
         l.strip()
         for l in (series_dir / "series").read_text().splitlines()
@@ -55,7 +65,7 @@ def _diff_sections(series_dir: Path):
             if m:
                 if path:
                     yield path, False
-                path = m.group(2)
+                path = _package_path(m.group(2))
             elif path and line.startswith("new file mode"):
                 yield path, True
                 path = None
@@ -170,6 +180,19 @@ def one_error_line(proc, *needles):
     for n in needles:
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
     return lines[0]
+
+
+def to_repo_form(patch: bytes) -> bytes:
+    """A legacy patch (a/sglang/...) with SGLang's repository paths
+    (a/python/sglang/...) in its file headers."""
+    out = []
+    for line in patch.split(b"\n"):
+        if line.startswith(b"diff --git a/sglang/"):
+            line = line.replace(b" a/sglang/", b" a/python/sglang/", 1).replace(b" b/sglang/", b" b/python/sglang/", 1)
+        elif line.startswith((b"--- a/sglang/", b"+++ b/sglang/")):
+            line = line[:6] + b"python/" + line[6:]
+        out.append(line)
+    return b"\n".join(out)
 
 
 def copy_series(tmp_path, name="series") -> Path:
@@ -533,26 +556,34 @@ def test_import_export_round_trip_and_edit_loop(pristine, tmp_path):
     assert subjects == [subject_of(series / n) for n in real_series_names()]
     assert git(work, "rev-parse", "upstream") == git(work, "rev-parse", "upstream-0.5.23^{commit}")
     assert git(work, "status", "--porcelain") == ""
+    # SGLang's repository layout: the package under python/, a test/ tree beside it.
+    assert not (work / "sglang").exists() and (work / "test").is_dir()
     for rel in created_by(PATCHES):
-        assert (work / rel).is_file(), f"{rel} must be committed by the patch that creates it"
+        assert (work / "python" / rel).is_file(), f"{rel} must be committed by the patch that creates it"
 
     r = run("export", "--target", work, series_dir=series)
     assert r.returncode == 0, r.stderr
-    assert snapshot(series) == original, "export right after import must reproduce the patches"
+    exported = snapshot(series)
+    assert sorted(exported) == sorted(original)
+    for name in real_series_names():
+        # The same patch in the repository form: only the paths differ.
+        assert exported[name] == to_repo_form(original[name]), name
+    r = run("export", "--target", work, series_dir=series)
+    assert r.returncode == 0 and snapshot(series) == exported, "export twice writes the same bytes"
 
     # The loop: amend the gate patch with a fixup, add a patch with a new module.
     gate = git(work, "log", "--format=%H", "-1", f"--grep={subject_of(series / GATE)}",
                "--fixed-strings").strip()
-    p = work / MM_UTILS
+    p = work / "python" / MM_UTILS
     p.write_text(p.read_text() + "\n# fixed up\n")
-    git(work, "commit", "-q", f"--fixup={gate}", "--", MM_UTILS)
+    git(work, "commit", "-q", f"--fixup={gate}", "--", f"python/{MM_UTILS}")
     git(work, "rebase", "-q", "-i", "--autosquash", "upstream", env={"GIT_SEQUENCE_EDITOR": "true"})
-    v = work / "sglang" / "version.py"
+    v = work / "python" / "sglang" / "version.py"
     v.write_text(v.read_text() + "from sglang.srt.fork_extra.helper import helper  # noqa\n")
-    helper = work / "sglang" / "srt" / "fork_extra" / "helper.py"
+    helper = work / "python" / "sglang" / "srt" / "fork_extra" / "helper.py"
     helper.parent.mkdir()
     helper.write_text("def helper():\n    return 2\n")
-    git(work, "add", "sglang/version.py", "sglang/srt/fork_extra/helper.py")
+    git(work, "add", "python/sglang/version.py", "python/sglang/srt/fork_extra/helper.py")
     git(work, "commit", "-q", "-m", "[ROCm] Import a helper in the version file")
 
     r = run("export", "--target", work, series_dir=series)
@@ -560,7 +591,7 @@ def test_import_export_round_trip_and_edit_loop(pristine, tmp_path):
     names = (series / "series").read_text().splitlines()
     new_patch = (series / names[-1]).read_bytes()
     assert names == real_series_names() + ["rocm-import-a-helper-in-the-version-file.patch"]
-    assert (series / GATE).read_bytes() != original[GATE]
+    assert (series / GATE).read_bytes() != exported[GATE]
     assert b"+# fixed up" in (series / GATE).read_bytes()
     assert b"Subject: [PATCH] [ROCm] Import a helper in the version file" in new_patch
     assert b"new file mode 100644" in new_patch and b"+    return 2" in new_patch
