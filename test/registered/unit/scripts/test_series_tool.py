@@ -669,3 +669,283 @@ def test_rebase_onto_new_release(pristine, tmp_path):
     r = run("export", "--target", work, series_dir=series)
     assert r.returncode == 2
     one_error_line(r, "in progress")
+
+
+# ---------------------------------------------------------------- layouts: package dirs and repository roots
+
+# The tool before targets could be repository roots (and its legacy-form
+# patches, a/sglang/...): a stamp it wrote must still revert.
+OLD_TOOL_REV = "18fba1543129426b333406054ed8cc757863709a"
+EXISTING_TEST = "test/registered/unit/test_upstream_example.py"
+EXISTING_TEST_BYTES = b"def test_upstream():\n    assert 1 + 1 == 2\n"
+NEW_TEST = "test/registered/unit/test_fork_new_mod.py"
+NEW_MOD_REPO = "python/" + NEW_MOD
+LAYOUTS = ("site-packages", "python-dir", "repo-root")
+
+
+def make_commit_patch(workdir: Path, changes: dict, subject: str) -> bytes:
+    """A git format-patch of one commit changing several files; changes maps
+    a path to (before, after), before=None for a file the commit creates."""
+    workdir.mkdir(parents=True)
+    git(workdir, "init", "-q")
+    git(workdir, "commit", "-q", "--allow-empty", "-m", "base")
+    for rel, (before, _) in changes.items():
+        if before is not None:
+            (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / rel).write_bytes(before)
+            git(workdir, "add", rel)
+    git(workdir, "commit", "-q", "--allow-empty", "-m", "upstream")
+    for rel, (_, after) in changes.items():
+        (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / rel).write_bytes(after)
+        git(workdir, "add", rel)
+    git(workdir, "commit", "-q", "-m", subject)
+    return subprocess.run(
+        ["git", "format-patch", "--stdout", "-1", "--no-numbered", "--zero-commit",
+         "--no-signature", "--no-stat"],
+        cwd=workdir, capture_output=True, check=True,
+    ).stdout
+
+
+@pytest.fixture(scope="session")
+def repo_form_series(pristine_cache, tmp_path_factory):
+    """The live series in the repository form (python/sglang/...), made by
+    import + export (whatever form patches/ is in)."""
+    base = tmp_path_factory.mktemp("repo-form")
+    work = base / "work"
+    shutil.copytree(pristine_cache["0.5.23"], work)
+    series = base / "series"
+    series.mkdir()
+    (series / "series").write_bytes((PATCHES / "series").read_bytes())
+    for n in real_series_names():
+        shutil.copy2(PATCHES / n, series / n)
+    r = run("import", "--target", work, series_dir=series)
+    assert r.returncode == 0, r.stderr
+    r = run("export", "--target", work, series_dir=series)
+    assert r.returncode == 0, r.stderr
+    for n in real_series_names():
+        text = (series / n).read_text()
+        assert "a/python/sglang/" in text and "diff --git a/sglang/" not in text, n
+    return series
+
+
+def series_with_tests(tmp_path, repo_form_series, with_upstream_test_edit=True) -> Path:
+    """The live series in the repository form, plus a patch that adds a
+    module and its test, and (optionally) one that edits an upstream test."""
+    d = tmp_path / "with-tests"
+    shutil.copytree(repo_form_series, d)
+    names = real_series_names()
+    (d / "add-new-mod-and-its-test.patch").write_bytes(make_commit_patch(
+        tmp_path / "mk-mod", {
+            NEW_MOD_REPO: (None, b"VALUE = 42\n"),
+            NEW_TEST: (None, b"from sglang.srt.fork_extra.new_mod import VALUE\n\n\n"
+                             b"def test_value():\n    assert VALUE == 42\n"),
+        }, "Add new_mod and its test"))
+    names.append("add-new-mod-and-its-test.patch")
+    if with_upstream_test_edit:
+        (d / "extend-an-upstream-test.patch").write_bytes(make_commit_patch(
+            tmp_path / "mk-test", {
+                EXISTING_TEST: (EXISTING_TEST_BYTES, EXISTING_TEST_BYTES + b"    assert 2 + 2 == 4\n"),
+            }, "Extend an upstream test"))
+        names.append("extend-an-upstream-test.patch")
+    (d / "series").write_text("".join(n + "\n" for n in names))
+    return d
+
+
+def make_layout(pristine, tmp_path, layout: str) -> tuple[Path, Path, Path]:
+    """(the tree to snapshot, --target, the directory holding sglang/)."""
+    pkg = pristine("0.5.23", "pkg")
+    if layout == "site-packages":
+        meta = pkg / "sglang-0.5.23.dist-info" / "METADATA"
+        meta.parent.mkdir()
+        meta.write_text("Name: sglang\nVersion: 0.5.23\n")
+        return pkg, pkg, pkg
+    checkout = tmp_path / "checkout"
+    shutil.move(pkg, checkout / "python")
+    (checkout / EXISTING_TEST).parent.mkdir(parents=True)
+    (checkout / EXISTING_TEST).write_bytes(EXISTING_TEST_BYTES)
+    if layout == "python-dir":  # the ROCm image's /sgl-workspace/sglang/python
+        return checkout, checkout / "python", checkout / "python"
+    return checkout, checkout, checkout / "python"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_layout_applies_and_reverts_byte_identically(pristine, tmp_path, repo_form_series, layout):
+    series = series_with_tests(tmp_path, repo_form_series)
+    root, target, code = make_layout(pristine, tmp_path, layout)
+    before = snapshot(root)
+    code_before = snapshot(code)
+    n = len(real_series_names()) + 2
+    skipped = "2 test file(s) not applied: this target has no test/ tree"
+
+    r = run("check", "--target", target, series_dir=series)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"ok: {n} patch(es) apply cleanly to sglang 0.5.23" in r.stdout
+    assert snapshot(root) == before
+
+    r = run("apply", "--target", target, series_dir=series)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_series_applied(code, code_before)
+    assert (code / NEW_MOD).read_bytes() == b"VALUE = 42\n"
+    stamp = json.loads((code / "sglang" / ".fork-series" / "stamp.json").read_text())
+    stamped = {e["path"] for e in stamp["files"]}
+    st = json.loads(run("status", "--target", target, "--json", series_dir=series).stdout)
+    assert st["applied"] is True and st["current"] is True and st["sglang_version"] == "0.5.23"
+    after = snapshot(root)
+    if layout == "repo-root":
+        assert skipped not in r.stdout and st["layout"] == "repository"
+        assert st["test_files_not_applied"] == 0
+        assert stamp["layout"] == "repository"
+        assert {NEW_TEST, EXISTING_TEST, NEW_MOD_REPO} <= stamped
+        assert (root / EXISTING_TEST).read_bytes() == EXISTING_TEST_BYTES + b"    assert 2 + 2 == 4\n"
+        assert b"assert VALUE == 42" in (root / NEW_TEST).read_bytes()
+    else:
+        assert r.stdout.count(skipped) == 1, r.stdout
+        assert st["layout"] == "package" and st["test_files_not_applied"] == 2
+        assert "layout" not in stamp, "a package target's stamp is the one the tool always wrote"
+        assert NEW_MOD in stamped and not any(p.startswith("test/") for p in stamped)
+        # No test file anywhere: not in site-packages, not in the checkout's test/ beside python/.
+        assert {k: v for k, v in after.items() if "test/" in k or k == "test"} == \
+               {k: v for k, v in before.items() if "test/" in k or k == "test"}
+        human = run("status", "--target", target, series_dir=series).stdout
+        assert human.count(skipped) == 1, human
+
+    r = run("apply", "--target", target, series_dir=series)
+    assert r.returncode == 0 and "already applied" in r.stdout
+    assert snapshot(root) == after
+
+    r = run("revert", "--target", target)
+    assert r.returncode == 0, r.stderr
+    assert snapshot(root) == before, "revert must restore every byte and leave no extra files"
+
+
+def old_tool_checkout(tmp_path) -> Path:
+    """scripts/series.py and patches/ as of OLD_TOOL_REV, from this repository's history."""
+    out = tmp_path / "old-tool"
+    (out / "scripts").mkdir(parents=True)
+    (out / "patches").mkdir()
+
+    def show(rel: str) -> bytes:
+        proc = subprocess.run(["git", "-C", REPO, "show", f"{OLD_TOOL_REV}:{rel}"], capture_output=True)
+        assert proc.returncode == 0, (
+            f"this test needs {rel} at commit {OLD_TOOL_REV[:12]} from the repository's history "
+            f"(a full clone): {proc.stderr.decode().strip()}"
+        )
+        return proc.stdout
+
+    (out / "scripts" / "series.py").write_bytes(show("scripts/series.py"))
+    series = show("patches/series")
+    (out / "patches" / "series").write_bytes(series)
+    for name in series.decode().split():
+        (out / "patches" / name).write_bytes(show(f"patches/{name}"))
+    return out
+
+
+def test_a_target_applied_by_the_old_tool_still_reverts(pristine, tmp_path, repo_form_series):
+    old = old_tool_checkout(tmp_path)
+    old_series = old / "patches"
+    assert b"diff --git a/sglang/" in (old_series / GATE).read_bytes(), "the old, legacy-form series"
+    root, _, code = make_layout(pristine, tmp_path, "python-dir")
+    before = snapshot(root)
+    r = subprocess.run([sys.executable, old / "scripts" / "series.py", "apply", "--target", code],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    applied = snapshot(root)
+
+    # The same series read by today's tool: the same hash, already applied.
+    st = json.loads(run("status", "--target", code, "--json", series_dir=old_series).stdout)
+    assert st["applied"] is True and st["current"] is True
+    r = run("apply", "--target", code, series_dir=old_series)
+    assert r.returncode == 0 and "already applied" in r.stdout
+    assert snapshot(root) == applied
+
+    # Reverted through python/ or through the repository root: byte-identical.
+    for name, via in (("via-python", "python"), ("via-root", "")):
+        copy = tmp_path / name
+        shutil.copytree(root, copy, symlinks=True)
+        r = run("revert", "--target", copy / via)
+        assert r.returncode == 0, r.stderr
+        assert snapshot(copy) == before, name
+
+    # Replaced by the repository-form series with tests, at the repository root.
+    series = series_with_tests(tmp_path, repo_form_series)
+    r = run("apply", "--target", root, series_dir=series)
+    assert r.returncode == 2
+    one_error_line(r, "applied", "series.py revert")
+    assert snapshot(root) == applied
+    r = run("apply", "--replace", "--target", root, series_dir=series)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (root / NEW_TEST).is_file() and (code / NEW_MOD).is_file()
+    assert run("revert", "--target", root).returncode == 0
+    assert snapshot(root) == before
+
+
+def test_refuses_a_target_that_is_none_of_the_layouts(pristine, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    no_tests = tmp_path / "no-tests"  # python/sglang/ without test/ beside it
+    shutil.move(pristine("0.5.23"), no_tests / "python")
+    for target, needle in ((empty, "holds no sglang package"), (no_tests, "no test/ tree")):
+        before = snapshot(target)
+        for cmd in ("check", "apply", "status", "revert"):
+            r = run(cmd, "--target", target)
+            assert r.returncode == 2, (cmd, r.stderr)
+            one_error_line(r, needle, str(target))
+        assert snapshot(target) == before
+
+
+@pytest.mark.parametrize("outside", ["docs/notes.md", "python/pyproject.toml", "sgl-kernel/setup.py"])
+def test_refuses_a_series_with_a_path_outside_python_and_test(pristine, tmp_path, outside):
+    series = one_patch_series(tmp_path, "outside", {
+        "touch-outside.patch": make_commit_patch(tmp_path / "mk", {
+            NEW_MOD_REPO: (None, b"VALUE = 1\n"),
+            outside: (None, b"outside\n"),
+        }, "Touch a file outside"),
+    })
+    pkg = pristine("0.5.23", "site-packages")
+    root, repo_target, _ = make_layout(pristine, tmp_path, "repo-root")
+    for target, top in ((pkg, pkg), (repo_target, root)):
+        before = snapshot(top)
+        for cmd in ("check", "apply", "status", "import"):
+            r = run(cmd, "--target", target, series_dir=series)
+            assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+            one_error_line(r, "touch-outside.patch", repr(outside), "outside python/sglang/ and test/")
+        assert snapshot(top) == before, "nothing may be written (import neither moves nor git-inits)"
+
+
+def test_repository_form_round_trip_and_git_am_without_flags(pristine, tmp_path, repo_form_series):
+    # import -> export of a repository-form series is byte-identical, tests included.
+    series = series_with_tests(tmp_path, repo_form_series)
+    original = snapshot(series)
+    root, _, _ = make_layout(pristine, tmp_path, "repo-root")
+    r = run("import", "--target", root, series_dir=series)
+    assert r.returncode == 0, r.stderr
+    assert sorted(git(root, "ls-files", "test").split()) == sorted([EXISTING_TEST, NEW_TEST])
+    # The repository root's own tests are part of the pristine upstream commit.
+    assert git(root, "ls-tree", "-r", "--name-only", "upstream", "--", "test").split() == [EXISTING_TEST]
+
+    r = run("export", "--target", root, series_dir=series)
+    assert r.returncode == 0, r.stderr
+    assert snapshot(series) == original
+
+    # Plain `git am`, no flags, in series order, on a repository whose
+    # python/sglang/ is the release wheel's sglang/.
+    am_series = series_with_tests(tmp_path / "am", repo_form_series, with_upstream_test_edit=False)
+    fresh = tmp_path / "fresh"
+    shutil.move(pristine("0.5.23", "wheel"), fresh / "python")
+    git(fresh, "init", "-q")
+    git(fresh, "add", "python")
+    git(fresh, "commit", "-q", "-m", "sglang 0.5.23")
+    names = (am_series / "series").read_text().split()
+    proc = subprocess.run(["git", *GIT_ID, "am", *[str(am_series / n) for n in names]],
+                          cwd=fresh, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert git(fresh, "status", "--porcelain") == ""
+    assert git(fresh, "log", "--format=%s", "-1").strip() == "Add new_mod and its test"
+    assert (fresh / NEW_TEST).is_file()
+
+    # The same code as series.py apply gives a package directory.
+    applied = pristine("0.5.23", "applied")
+    assert run("apply", "--target", applied, series_dir=am_series).returncode == 0
+    for rel in touched_by(PATCHES) | created_by(PATCHES) | {NEW_MOD}:
+        assert (fresh / "python" / rel).read_bytes() == (applied / rel).read_bytes(), rel
