@@ -41,12 +41,12 @@ Subcommands
   apply    atomic and idempotent: the whole series is applied in a staging
            copy with ``git apply``; only when every patch applied are the
            results copied into the target, after byte-exact backups of every
-           original were saved in ``TARGET/sglang/.fork-series/`` (with
+           original were saved in the package's ``.fork-series/`` (with
            ``stamp.json``). A failure while copying rolls everything back.
            Applying the same series again prints "already applied".
-           Refuses a directory without ``sglang/version.py``, an sglang
-           version that is not a supported base (``--force`` overrides only
-           this check), and a target where a different series is applied.
+           Refuses a target that is neither layout, an sglang version that
+           is not a supported base (``--force`` overrides only this check),
+           and a target where a different series is applied.
   revert   restores the upstream files byte-identically from the backups,
            removes the files the series created and the stamp ("not
            applied" when nothing is).
@@ -56,15 +56,18 @@ Subcommands
 The developer's loop (modelled on Electron's git-import-patches /
 git-export-patches)
 
-  import   turn a pristine tree into a git repository: one commit with the
-           pristine ``sglang/`` (tag ``upstream-<version>``, branch
-           ``upstream``), then one commit per patch (``git am --3way``).
+  import   turn a pristine tree (a directory holding ``sglang/``, which
+           moves to ``python/sglang/``, or a repository root) into a git
+           repository in SGLang's layout: one commit with the pristine
+           ``python/sglang/`` and ``test/`` (tag ``upstream-<version>``,
+           branch ``upstream``), then one commit per patch (``git am
+           --3way``; legacy-form patches are converted to python/... first).
   (edit)   ordinary git in that repository: ``git commit --fixup=<sha>``,
            ``git rebase -i --autosquash upstream``, new commits for new
            patches (a new file goes into the commit that first uses it).
-  export   write ``upstream..HEAD`` back as patch files (one per commit, name
-           = slug of the subject, new files included) and rewrite ``series``
-           in commit order.
+  export   write ``upstream..HEAD`` back as patch files with repository
+           paths (one per commit, name = slug of the subject, new files
+           included) and rewrite ``series`` in commit order.
   rebase   commit a new release's pristine ``sglang/`` as the new upstream
            and ``git rebase --onto`` it (3-way); a conflict stops with the
            patch and files named; resolve, ``git rebase --continue``, export,
@@ -1553,7 +1556,8 @@ def build_parser() -> argparse.ArgumentParser:
             "--target",
             required=True,
             metavar="DIR",
-            help="directory that holds the sglang package (site-packages, or python/ of a checkout)",
+            help="directory that holds the sglang package (site-packages, or python/ of a checkout; "
+            "code only), or an SGLang repository root (python/sglang/ and test/; code and tests)",
         )
         sp.set_defaults(func=func)
         return sp
@@ -1573,7 +1577,8 @@ def build_parser() -> argparse.ArgumentParser:
         "apply the series atomically and idempotently",
         "Stage the touched files in a temporary directory, apply every patch there with\n"
         "git apply, and only if all applied copy the results (new files included) into the\n"
-        f"target. Byte-exact backups and stamp.json go to TARGET/sglang/{STAMP_DIR}/.\n"
+        f"target. Byte-exact backups and stamp.json go to <package>/{STAMP_DIR}/.\n"
+        "A target holding sglang/ gets the code only; a repository root the tests too.\n"
         "Applying the same series again is a no-op (\"already applied\").",
     )
     sp.add_argument("--force", action="store_true", help="skip the supported-version check (only that)")
@@ -1604,8 +1609,9 @@ def build_parser() -> argparse.ArgumentParser:
         "import",
         cmd_import,
         "make DIR (a pristine tree) a git repo with one commit per patch",
-        "DIR must hold a pristine sglang. It becomes a git repository (only sglang/ is\n"
-        f"tracked): the pristine package as one commit (tag upstream-<version>, branch\n"
+        "DIR must hold a pristine sglang: sglang/ (moved to python/sglang/) or a repository\n"
+        "root. It becomes a git repository (only python/sglang/ and test/ are tracked):\n"
+        f"the pristine tree as one commit (tag upstream-<version>, branch\n"
         f"{UPSTREAM_BRANCH}), then `git am --3way` of every patch in series order. Edit with\n"
         "ordinary git, then export.\n"
         "A patch that does not apply stops with the patch and files named: resolve, git add,\n"
@@ -1629,13 +1635,19 @@ def build_parser() -> argparse.ArgumentParser:
         "rebase",
         cmd_rebase,
         "move an imported DIR onto a new release's pristine tree (3-way)",
-        "Commit NEWTREE's pristine sglang (on top of the old upstream commit) as the new\n"
+        "Commit NEWTREE's pristine sglang as python/sglang/ (on top of the old upstream commit;\n"
+        "the old test/ tree is kept unless NEWTREE is a repository root with one) as the new\n"
         f"upstream (tag upstream-<version>, branch {UPSTREAM_BRANCH}), then\n"
         "`git rebase --onto <new> <old upstream>`. A conflict stops with the patch and files\n"
         "named: resolve them, `git add`, `git rebase --continue`, then export and run\n"
         "`series.py check --target <pristine tree of the new release>`.",
     )
-    sp.add_argument("--onto", required=True, metavar="NEWTREE", help="directory holding the new pristine sglang")
+    sp.add_argument(
+        "--onto",
+        required=True,
+        metavar="NEWTREE",
+        help="directory holding the new pristine sglang, or a repository root of it",
+    )
     return p
 
 
