@@ -1283,11 +1283,20 @@ def cmd_import(args) -> int:
             f"{given} is already inside a git work tree with commits ({top}); pass --force to import "
             f"anyway (a repository of its own at {given}, or a re-import if it is one)"
         )
-    if source.layout == LAYOUT_PACKAGE and (given / CODE).exists():
-        raise SeriesError(
-            f"{given} holds {PKG}/ and a {CODE}/ too; import moves {PKG}/ to {CODE}/{PKG}/, so pass a "
-            f"directory without {CODE}/"
+    if source.layout == LAYOUT_PACKAGE:
+        # import moves sglang/ to python/sglang/: only in a tree of its own
+        # (a wheel's files), never in an installation's site-packages.
+        others = sorted(
+            e.name
+            for e in given.iterdir()
+            if e.name != PKG and not e.name.startswith(".")
+            and not (e.name.startswith(f"{PKG}-") and e.name.endswith(".dist-info"))
         )
+        if others:
+            raise SeriesError(
+                f"{given} holds more than {PKG}/ (e.g. {others[0]}); import moves {PKG}/ to "
+                f"{CODE}/{PKG}/, so give it a scratch copy of the pristine tree"
+            )
 
     repo = given
     if source.layout == LAYOUT_PACKAGE:

@@ -949,3 +949,16 @@ def test_repository_form_round_trip_and_git_am_without_flags(pristine, tmp_path,
     assert run("apply", "--target", applied, series_dir=am_series).returncode == 0
     for rel in touched_by(PATCHES) | created_by(PATCHES) | {NEW_MOD}:
         assert (fresh / "python" / rel).read_bytes() == (applied / rel).read_bytes(), rel
+
+
+def test_import_leaves_an_installation_alone(pristine, tmp_path):
+    """import moves sglang/ to python/sglang/: refused where sglang/ has
+    neighbours other than its dist-info (an installation's site-packages)."""
+    site = pristine("0.5.23", "site-packages")
+    (site / "numpy").mkdir()
+    (site / "numpy" / "__init__.py").write_text("")
+    before = snapshot(site)
+    r = run("import", "--target", site, series_dir=copy_series(tmp_path))
+    assert r.returncode == 2
+    one_error_line(r, "numpy", "scratch copy")
+    assert snapshot(site) == before
