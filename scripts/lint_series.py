@@ -99,8 +99,10 @@ def check_versions() -> None:
 
 
 def series_files(patches_dir: str = PATCHES, python_only: bool = True) -> List[str]:
-    """Paths (``sglang/...``) of the (Python) files the series touches, in
-    first-touched order."""
+    """Paths (``sglang/...``) of the (Python) files the series touches in the
+    package, in first-touched order. Patch paths are SGLang's repository
+    paths (``python/sglang/...``; ``test/...`` is not the package) or the
+    older ``sglang/...``."""
     with open(os.path.join(patches_dir, "series")) as f:
         names = [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
     seen: List[str] = []
@@ -108,8 +110,11 @@ def series_files(patches_dir: str = PATCHES, python_only: bool = True) -> List[s
         with open(os.path.join(patches_dir, name)) as f:
             for line in f:
                 m = re.match(r"^diff --git a/(\S+) b/(\S+)$", line.rstrip("\n"))
-                if m and (m.group(2).endswith(".py") or not python_only) and m.group(2) not in seen:
-                    seen.append(m.group(2))
+                if not m or m.group(2).startswith("test/"):
+                    continue
+                path = m.group(2)[len("python/"):] if m.group(2).startswith("python/") else m.group(2)
+                if (path.endswith(".py") or not python_only) and path not in seen:
+                    seen.append(path)
     return seen
 
 
