@@ -962,3 +962,34 @@ def test_import_leaves_an_installation_alone(pristine, tmp_path):
     assert r.returncode == 2
     one_error_line(r, "numpy", "scratch copy")
     assert snapshot(site) == before
+
+
+def test_rebase_keeps_or_takes_the_upstream_tests(pristine, tmp_path):
+    """rebase --onto a directory holding sglang/ (a wheel has no tests) keeps
+    the old upstream's test/ tree; onto a repository root, its test/ is the
+    new upstream's."""
+    series = one_patch_series(tmp_path, "tiny", {
+        "add-new-mod-and-its-test.patch": make_commit_patch(tmp_path / "mk", {
+            NEW_MOD_REPO: (None, b"VALUE = 42\n"),
+            NEW_TEST: (None, b"def test_value():\n    pass\n"),
+        }, "Add new_mod and its test"),
+    })
+    original = snapshot(series)
+    root, _, _ = make_layout(pristine, tmp_path, "repo-root")
+    assert run("import", "--target", root, series_dir=series).returncode == 0
+
+    r = run("rebase", "--target", root, "--onto", pristine("0.5.22"), series_dir=series)
+    assert r.returncode == 0, r.stderr
+    assert git(root, "ls-tree", "-r", "--name-only", "upstream", "--", "test").split() == [EXISTING_TEST]
+    assert git(root, "rev-parse", "upstream") == git(root, "rev-parse", "upstream-0.5.22^{commit}")
+    assert run("export", "--target", root, series_dir=series).returncode == 0
+    assert snapshot(series) == original
+
+    newer = tmp_path / "newer"
+    shutil.move(pristine("0.5.23", "newer-pkg"), newer / "python")
+    (newer / EXISTING_TEST).parent.mkdir(parents=True)
+    (newer / EXISTING_TEST).write_bytes(EXISTING_TEST_BYTES + b"# changed upstream\n")
+    r = run("rebase", "--target", root, "--onto", newer, series_dir=series)
+    assert r.returncode == 0, r.stderr
+    assert git(root, "show", f"upstream:{EXISTING_TEST}").endswith("# changed upstream\n")
+    assert (root / NEW_TEST).is_file() and (root / "python" / NEW_MOD).is_file()
