@@ -188,7 +188,8 @@ def to_repo_form(patch: bytes) -> bytes:
     out = []
     for line in patch.split(b"\n"):
         if line.startswith(b"diff --git a/sglang/"):
-            line = line.replace(b" a/sglang/", b" a/python/sglang/", 1).replace(b" b/sglang/", b" b/python/sglang/", 1)
+            line = line.replace(b" a/sglang/", b" a/python/sglang/", 1)
+            line = line.replace(b" b/sglang/", b" b/python/sglang/", 1)
         elif line.startswith((b"--- a/sglang/", b"+++ b/sglang/")):
             line = line[:6] + b"python/" + line[6:]
         out.append(line)
