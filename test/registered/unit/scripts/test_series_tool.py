@@ -208,22 +208,7 @@ def copy_series(tmp_path, name="series") -> Path:
 def make_patch(workdir: Path, rel: str, before: bytes | None, after: bytes, subject: str) -> bytes:
     """A genuine git format-patch of one file change (made with git itself);
     before=None makes a patch that creates the file."""
-    workdir.mkdir(parents=True)
-    git(workdir, "init", "-q")
-    git(workdir, "commit", "-q", "--allow-empty", "-m", "base")
-    (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
-    if before is not None:
-        (workdir / rel).write_bytes(before)
-        git(workdir, "add", rel)
-        git(workdir, "commit", "-q", "-m", "upstream")
-    (workdir / rel).write_bytes(after)
-    git(workdir, "add", rel)
-    git(workdir, "commit", "-q", "-m", subject)
-    return subprocess.run(
-        ["git", "format-patch", "--stdout", "-1", "--no-numbered", "--zero-commit",
-         "--no-signature", "--no-stat"],
-        cwd=workdir, capture_output=True, check=True,
-    ).stdout
+    return make_commit_patch(workdir, {rel: (before, after)}, subject)
 
 
 def break_hunk(patch: bytes, number: int) -> bytes:
