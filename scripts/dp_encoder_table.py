@@ -6,7 +6,8 @@ or inherits ``get_image_feature``, ``get_video_feature`` or
 ``--mm-enable-dp-encoder`` spreads its items over the attention-TP ranks
 (the series' ``_DP_ENCODERS`` in ``multimodal/vit_batching.py``, looked up
 along the class's bases), the unit ``--mm-max-encoder-patches-per-call``
-counts, and its vision warm-up plan (``multimodal/vision_warmup.py``).
+counts, and its vision warm-up (the ``warm_up_vision_encoder`` call of its
+``precompile_kernels_after_loading``, grids from ``multimodal/vision_warmup.py``).
 
 The model files are parsed with ``ast``, never imported (many import GPU-only
 code); base classes are resolved by name across the files under ``models/``
@@ -62,7 +63,22 @@ class ModelClass:
     line: int
     bases: List[ast.expr]
     defines: Dict[str, bool]
+    # Its own precompile_kernels_after_loading, if it defines one: the vision
+    # warm-up that hook asks for, and whether it calls super()'s first.
+    hook: Optional["WarmUpHook"] = None
     resolved: List["Base"] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WarmUpHook:
+    """A model class's own ``precompile_kernels_after_loading``, as written:
+    the ``warm_up_vision_encoder(self, self.<tower>, <CALLS>, ...)`` call in
+    it (tower attribute and the name of the calls constant in
+    ``vision_warmup``), and whether it calls ``super()``'s hook."""
+
+    tower: Optional[str]
+    calls: Optional[str]
+    calls_super: bool
 
 
 @dataclass(frozen=True)
@@ -119,6 +135,38 @@ def _class_defines(node: ast.ClassDef) -> Dict[str, bool]:
     return {name: bound[name] for name in FEATURES if name in bound}
 
 
+def _warm_up_hook(node: ast.ClassDef) -> Optional[WarmUpHook]:
+    """The class body's own warm-up hook, or None when it defines none."""
+    for item in node.body:
+        if not (
+            isinstance(item, ast.FunctionDef)
+            and item.name == "precompile_kernels_after_loading"
+        ):
+            continue
+        tower = calls = None
+        calls_super = False
+        for call in ast.walk(item):
+            if not isinstance(call, ast.Call):
+                continue
+            fn = call.func
+            if isinstance(fn, ast.Name) and fn.id == "warm_up_vision_encoder":
+                tower_arg, calls_arg = call.args[1], call.args[2]
+                if isinstance(tower_arg, ast.Attribute):
+                    tower = tower_arg.attr
+                if isinstance(calls_arg, ast.Name):
+                    calls = calls_arg.id
+            elif (
+                isinstance(fn, ast.Attribute)
+                and fn.attr == "precompile_kernels_after_loading"
+                and isinstance(fn.value, ast.Call)
+                and isinstance(fn.value.func, ast.Name)
+                and fn.value.func.id == "super"
+            ):
+                calls_super = True
+        return WarmUpHook(tower, calls, calls_super)
+    return None
+
+
 def parse_models(models_dir: str) -> Dict[str, ModelFile]:
     files: Dict[str, ModelFile] = {}
     for folder, subfolders, names in os.walk(models_dir):
@@ -143,7 +191,12 @@ def parse_models(models_dir: str) -> Dict[str, ModelFile]:
             for node in _module_level(tree.body):
                 if isinstance(node, ast.ClassDef):
                     files[rel].classes[node.name] = ModelClass(
-                        node.name, rel, node.lineno, node.bases, _class_defines(node)
+                        node.name,
+                        rel,
+                        node.lineno,
+                        node.bases,
+                        _class_defines(node),
+                        _warm_up_hook(node),
                     )
                 elif isinstance(node, ast.ImportFrom):
                     source_module = _absolute_module(node.module, node.level, own)
@@ -304,6 +357,33 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+# Families the DP encoder could spread but that are deliberately not warmed,
+# and why.
+NOT_WARMED = {
+    "GlmImageForConditionalGeneration": (
+        "serving it with --mm-enable-dp-encoder is broken upstream (its vision "
+        "MLP is tensor-parallel while the DP encoder gives each rank other "
+        "images)"
+    ),
+}
+
+
+def warm_up_of(chain: List[Base]) -> Optional[Tuple[str, str]]:
+    """The vision warm-up the class's precompile_kernels_after_loading runs, as
+    the MRO finds it: (tower attribute, name of the calls in vision_warmup),
+    or None. A hook without a warm-up call that calls super()'s passes on to
+    the next class that defines one."""
+    for base in chain:
+        hook = base.cls.hook if base.cls else None
+        if hook is None:
+            continue
+        if hook.calls is not None:
+            return hook.tower, hook.calls
+        if not hook.calls_super:
+            return None
+    return None
+
+
 def build_rows(models_dir: str) -> Tuple[List[List[str]], List[str]]:
     from sglang.srt.multimodal import vision_warmup, vit_batching
     from sglang.srt.multimodal.modality import Modality
@@ -366,20 +446,13 @@ def build_rows(models_dir: str) -> Tuple[List[List[str]], List[str]]:
                 + [f"{label}: {NOT_DP_CAP}" for label in plain]
             )
 
-        plan = next(
-            (vision_warmup._PLANS[n] for n in names if n in vision_warmup._PLANS), None
-        )
-        reason = next(
-            (
-                vision_warmup._NOT_WARMED[n]
-                for n in names
-                if n in vision_warmup._NOT_WARMED
-            ),
-            None,
-        )
+        plan = warm_up_of(chain)
+        reason = next((NOT_WARMED[n] for n in names if n in NOT_WARMED), None)
         if dp_units and plan is not None:
-            calls = " ".join(vision_warmup._format_call(c) for c in plan.calls)
-            warm = f"`{plan.tower}`: {calls}"
+            tower, calls_name = plan
+            calls = getattr(vision_warmup, calls_name)
+            calls = " ".join(vision_warmup._format_call(c) for c in calls)
+            warm = f"`{tower}`: {calls}"
         elif reason is not None:
             warm = f"none: {reason}"
         elif dp_units:
@@ -421,9 +494,10 @@ Cap unit: what `--mm-max-encoder-patches-per-call` counts per item. Where a \
 per-token factor is given, an item counts its placeholder tokens times that \
 factor; otherwise the patches of its grid (t·h·w), else its tokens.
 
-Warm-up plan: the tower and the calls (patch grids) of the `_PLANS` entry \
-found along the class's bases, for classes the DP encoder spreads; otherwise \
-the `_NOT_WARMED` reason, or none."""
+Warm-up plan: the tower and the calls (patch grids) that the class's \
+`precompile_kernels_after_loading` (its own or, along its bases, the first \
+one defined) hands `warm_up_vision_encoder`, for classes the DP encoder \
+spreads; otherwise why not, or none."""
 
 
 def render(rows: List[List[str]], command: str, version: str) -> str:

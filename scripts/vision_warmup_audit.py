@@ -3,11 +3,12 @@
 For each registered family, SGLang's real model class is built with tiny
 random weights, and each case runs in a fresh process (nothing compiled
 yet): warm the tower with the calls the patch ships for that model
-(``vision_warm_up_plan(model).calls``, read from the installed series), or
+(the calls its own ``precompile_kernels_after_loading`` hands
+``warm_up_vision_encoder``, read from the installed series), or
 with none, or with the first call only; then run the serving sweep
 (``SERVING_SWEEP`` then ``CEILING_CALL``), one tower call each, handed over
 exactly as the DP encoder hands a rank its share (``call_tower_on_rank_share``
-with the plan's ``rope_type`` and patch layout). Compiles are Dynamo's own
+with the hook's ``rope_type`` and patch layout). Compiles are Dynamo's own
 counter (``counters["frames"]["ok"]``, one per compiled or recompiled frame)
 plus the cache entries of the family's compiled functions; seconds are wall
 time on this machine.
@@ -27,7 +28,8 @@ label and a tiny builder each, as ``"module:function"`` plus keyword
 arguments, built after the CPU runtime context and gloo groups exist) and
 the compiled functions (``"module:attribute"``) whose Dynamo cache entries
 to report. The tower, its grids, its rope type and its patch layout all come
-from the model's warm-up plan, so a family without a plan is reported as such.
+from the model's own post-load hook (``mm_harness.shipped_warm_up``), so a
+family whose hook warms nothing is reported as without a plan.
 """
 
 from __future__ import annotations
@@ -106,7 +108,8 @@ class Family:
 # a new one needs only a tiny builder, e.g. (names illustrative)
 #     "kimi_vl": Family((Variant("Kimi-VL", "cpu_support.tiny_x:build_tiny_kimi_vl"),)),
 # plus compiled=(...) when its tower compiles more than the rotary apply.
-# Tower, grids, rope type and patch layout come from vision_warm_up_plan.
+# Tower, grids, rope type and patch layout come from the model's own hook
+# (mm_harness.shipped_warm_up).
 FAMILIES: Dict[str, Family] = {
     "qwen3_vl": Family(
         (Variant("Qwen3-VL", "cpu_support.tiny_qwen3_vl:build_tiny_qwen3_vl"),),
@@ -190,10 +193,10 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
 
     from cpu_support import tiny_qwen3_vl as T
     from cpu_support.mm_harness import frames_compiled as frames
+    from cpu_support.mm_harness import shipped_warm_up
     from sglang.srt.multimodal.vision_warmup import (
         _tower_device_dtype,
         call_tower_on_rank_share,
-        vision_warm_up_plan,
         warm_up_vision_tower,
     )
     from sglang.srt.multimodal.modality import Modality
@@ -205,7 +208,7 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
     T.publish_cpu_context(tp_size=1, dp_encoder=True)
     T.init_gloo(rank, world_size, init_method)
     model = variant.build()
-    plan = vision_warm_up_plan(model)
+    plan = shipped_warm_up(model)
     result = dict(
         family=family_name,
         variant=variant.label,
@@ -215,16 +218,19 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
     )
     if plan is None:
         return result
-    tower = getattr(model, plan.tower)
-    shipped = [[tuple(g) for g in call] for call in plan.calls]
+    tower = plan["tower"]
+    shipped = [
+        [tuple(g) for g in ([call] if isinstance(call[0], int) else call)]
+        for call in plan["calls"]
+    ]
     calls = {"shipped": shipped, "first": shipped[:1], "none": []}[mode]
     fns = {path.split(":")[1]: _resolve(path) for path in family.compiled}
 
     result.update(
         plan=dict(
-            tower=plan.tower,
+            tower=plan["tower_name"],
             tower_class=type(tower).__name__,
-            rope_type=plan.rope_type,
+            rope_type=plan["rope_type"],
             calls=shipped,
         ),
         calls=calls,
@@ -235,9 +241,9 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
         warm_up_vision_tower(
             tower,
             calls,
-            rope_type=plan.rope_type,
-            pass_grid_thw_list=plan.pass_grid_thw_list,
-            patch_shape=plan.patch_shape(tower),
+            rope_type=plan["rope_type"],
+            pass_grid_thw_list=plan["pass_grid_thw_list"],
+            patch_shape=plan["patch_shape"],
         )
     result["warm_s"] = time.perf_counter() - start
     result["warm_compiles"] = frames() - result["before"]
@@ -250,7 +256,7 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
         result.update(per_call=None, sweep_compiles=None, sweep_s=0.0)
         result["entries_after_sweep"] = result["entries_after_warm_up"]
         return result
-    shape = plan.patch_shape(tower)
+    shape = plan["patch_shape"]
     device, dtype = _tower_device_dtype(tower)
     # Towers whose grids have no time axis (Kimi-VL) take (h, w): every
     # sweep image is a single frame, so it drops t.
@@ -264,8 +270,8 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
             n = sum(math.prod(g) for g in call)
             pixels = torch.randn((n, *shape)).to(device=device, dtype=dtype)
             call_tower_on_rank_share(
-                tower, pixels, [list(g) for g in call], plan.rope_type,
-                plan.pass_grid_thw_list,
+                tower, pixels, [list(g) for g in call], plan["rope_type"],
+                plan["pass_grid_thw_list"],
             )
             per_call.append(frames() - before)
     result["sweep_s"] = time.perf_counter() - start

@@ -185,6 +185,43 @@ def post_load_hook(model) -> None:
     maybe_precompile_model_kernels_after_loading(model, "cpu")
 
 
+def shipped_warm_up(model):
+    """What the model's own ``precompile_kernels_after_loading`` hands the
+    vision warm-up, read by running that hook with the decision forced true
+    and ``warm_up_vision_tower`` recording its arguments instead of calling
+    the tower: a dict with ``tower_name``, ``tower``, ``calls``,
+    ``rope_type``, ``pass_grid_thw_list`` and ``patch_shape`` (resolved for
+    the tower), or None when the hook warms nothing (no hook, or one
+    without a vision warm-up)."""
+    from sglang.srt.multimodal import vision_warmup as W
+
+    hook = getattr(model, "precompile_kernels_after_loading", None)
+    if hook is None:
+        return None
+    seen = []
+
+    def record(tower, calls, **kwargs):
+        seen.append(dict(tower=tower, calls=calls, **kwargs))
+        return 0.0
+
+    real = (W.vision_warm_up_decision, W.warm_up_vision_tower)
+    W.vision_warm_up_decision = lambda model: True
+    W.warm_up_vision_tower = record
+    try:
+        hook()
+    finally:
+        W.vision_warm_up_decision, W.warm_up_vision_tower = real
+    if not seen:
+        return None
+    (found,) = seen  # one warm-up per hook, along the whole MRO
+    if found.get("patch_shape") is None:
+        found["patch_shape"] = W.flattened_patch_shape(found["tower"])
+    found["tower_name"] = next(
+        name for name, child in model.named_children() if child is found["tower"]
+    )
+    return found
+
+
 def frames_compiled() -> int:
     """Frames Dynamo has compiled in this process (its own counter)."""
     from torch._dynamo.utils import counters
