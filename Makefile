@@ -10,7 +10,7 @@ setup:
 	@bash scripts/setup_env.sh
 
 demo: setup
-	$(PY) scripts/demo.py
+	$(PY) demo/demo.py
 
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder test/registered

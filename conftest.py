@@ -1,8 +1,10 @@
 """Repository-wide pytest set-up.
 
-`scripts/` goes on sys.path so tests import `cpu_support` (CPU stand-ins, the
-tiny Qwen3-VL) and the fork's scripts. The stand-ins are installed before any
-test module imports sglang (see scripts/cpu_support/standins.py).
+The repository root goes on sys.path so tests import `cpu_support` (CPU
+stand-ins, the tiny Qwen3-VL); the tool folders (`scripts/`, `demo/`, each
+`benchmark/` study) go there too, so tests import a tool by its module name
+(`import series`, `import bench_image_burst`). The stand-ins are installed
+before any test module imports sglang (see cpu_support/standins.py).
 """
 
 import os
@@ -12,7 +14,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+TOOL_DIRS = ("scripts", "demo", "benchmark/image_burst", "benchmark/vit", "benchmark/gpu_check")
+sys.path[:0] = [ROOT] + [os.path.join(ROOT, d) for d in TOOL_DIRS]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # One BLAS/OpenMP thread: several tests assert *bitwise* equality of

@@ -38,9 +38,9 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # cpu_support
+    sys.path.insert(0, ROOT)
 
 BEGIN = "<!-- dp-encoder-table:begin -->"
 END = "<!-- dp-encoder-table:end -->"

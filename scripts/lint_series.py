@@ -5,7 +5,7 @@
 
 prints one verdict line per Python file the series touches and exits 1 when
 any fails. Without ``--tree``/``--pristine`` it builds (or reuses) the two
-trees of ``scripts/cpu_support/sglang_trees.py``: the 0.5.23 wheel unpacked,
+trees of ``cpu_support/sglang_trees.py``: the 0.5.23 wheel unpacked,
 and a copy with the series applied.
 
 What SGLang's ``.pre-commit-config.yaml`` runs on ``python/sglang/``, at its
@@ -288,7 +288,7 @@ def build_trees(work: str, patches_dir: str = PATCHES, version: str = "0.5.23") 
     import shutil
     import zipfile
 
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, ROOT)
     from cpu_support import sglang_trees
 
     pristine, tree = os.path.join(work, "pristine"), os.path.join(work, "series")

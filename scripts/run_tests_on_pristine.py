@@ -38,7 +38,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, ROOT)  # cpu_support
 
 from cpu_support.cpu_server import SGLANG_TREE_ENV  # noqa: E402
 from cpu_support.sglang_trees import TreeError, pristine_tree, series_status  # noqa: E402

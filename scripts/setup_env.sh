@@ -19,7 +19,7 @@ fi
 
 inputs_hash() {
   cat requirements/*.txt scripts/setup_env.sh \
-    $(find scripts/cpu_support/standin_pkgs -type f -not -path '*/__pycache__/*' \
+    $(find cpu_support/standin_pkgs -type f -not -path '*/__pycache__/*' \
         -not -path '*/build/*' -not -path '*.egg-info/*' 2>/dev/null | sort) \
     | sha256sum | cut -c1-16
 }
@@ -39,7 +39,7 @@ if [ ! -f "$STAMP" ]; then
   $PIP install -r requirements/cpu.txt 2>&1 | quiet
   $PIP install -r requirements/server.txt 2>&1 | quiet
   $PIP install -r requirements/lint.txt 2>&1 | quiet   # scripts/lint_series.py
-  for pkg in scripts/cpu_support/standin_pkgs/*/; do
+  for pkg in cpu_support/standin_pkgs/*/; do
     [ -f "$pkg/pyproject.toml" ] && $PIP install --no-deps --force-reinstall "$pkg" 2>&1 | quiet
   done
   # Pristine release wheels: the apply tool's tests and rebases read them.
@@ -54,7 +54,7 @@ fi
 
 # The wheels the bare-GPU archive packs, for this Python (its tests pack one):
 # downloaded here once, not inside a test.
-"$VENV/bin/python" scripts/pack_gpu_check.py --fetch-only \
+"$VENV/bin/python" benchmark/gpu_check/pack_gpu_check.py --fetch-only \
   --python "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -65,4 +65,4 @@ SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["pur
 "$VENV/bin/python" scripts/series.py apply --replace --target "$SITE"
 # The pristine and series trees (the A/B tests, the pristine run), built once
 # here; a later series change rebuilds the series tree on first use.
-"$VENV/bin/python" scripts/cpu_support/sglang_trees.py >/dev/null
+"$VENV/bin/python" cpu_support/sglang_trees.py >/dev/null

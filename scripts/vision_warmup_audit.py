@@ -45,9 +45,9 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # cpu_support
+    sys.path.insert(0, ROOT)
 
 # The serving sweep (tower calls), as the DP encoder hands a rank its share:
 # the 16-token floor of --mm-process-config (8x8 patches, and a 2x32 strip, the

@@ -1,6 +1,6 @@
 """The A/B harness's GPU path (no ``--cpu``), dry-run on the CPU with two ``--target`` trees.
 
-``scripts/ab_image_burst.py`` runs as the docs' GPU commands run it: two real
+``benchmark/image_burst/ab_image_burst.py`` runs as the docs' GPU commands run it: two real
 trees (pristine SGLang 0.5.23 and the series, ``cpu_support/sglang_trees.py``)
 put first on ``PYTHONPATH``, the model given as a Hugging Face repo id with a
 pinned ``--revision`` after ``--``, the real ``sglang.bench_serving`` for every

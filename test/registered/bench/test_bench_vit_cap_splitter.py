@@ -1,4 +1,4 @@
-"""scripts/bench_vit_cap.py's splitter row: it runs, and the splitter the
+"""benchmark/vit/bench_vit_cap.py's splitter row: it runs, and the splitter the
 series ships (``vit_batching.encoder_call_groups``) gives the same calls as
 the pre-fix algorithm the bench keeps as its reference.
 

@@ -1,4 +1,4 @@
-"""scripts/bench_vit_cpu.py, run as documented on a very small tower.
+"""benchmark/vit/bench_vit_cpu.py, run as documented on a very small tower.
 
 The script's numbers are the issue's evidence (docs/benchmarks.md), so it
 must keep running: one row per (setting, size, attention), each measured in
@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-SCRIPT = REPO / "scripts" / "bench_vit_cpu.py"
+SCRIPT = REPO / "benchmark" / "vit" / "bench_vit_cpu.py"
 
 ROW = re.compile(
     r"^\| (?P<setting>[^|]+) \| (?P<side>\d+)×\d+ \| (?P<attn>old|new) "

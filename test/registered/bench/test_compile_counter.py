@@ -1,4 +1,4 @@
-"""The compile-line counter of scripts/bench_image_burst.py on real torch logs.
+"""The compile-line counter of benchmark/image_burst/bench_image_burst.py on real torch logs.
 
 Fixtures (fixtures/README.md) were captured on this machine: a plain
 ``TORCH_LOGS=recompiles`` run, and a real two-rank CPU server log with

@@ -1,4 +1,4 @@
-"""`make demo`'s terminal carries only the demo's own lines (scripts/demo.py, ``Terminal``).
+"""`make demo`'s terminal carries only the demo's own lines (demo/demo.py, ``Terminal``).
 
 Warnings, prints from libraries and output of child processes (server ranks,
 bench_serving) go to the log file; the demo's progress lines reach the
@@ -17,11 +17,11 @@ import pytest  # noqa: E402
 
 pytestmark = pytest.mark.control(reason="the demo terminal's output routing (harness)")
 
-SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "scripts")
+DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "demo")
 
 NOISY = r"""
 import os, subprocess, sys, warnings
-sys.path.insert(0, {scripts!r})
+sys.path.insert(0, {demo_dir!r})
 import demo
 with demo.Terminal({log!r}) as term:
     term.say("== progress ==")
@@ -37,7 +37,7 @@ print("after the demo")
 
 def test_only_the_demo_lines_reach_the_terminal(tmp_path):
     log = tmp_path / "demo.log"
-    out = subprocess.run([sys.executable, "-c", NOISY.format(scripts=SCRIPTS, log=str(log))],
+    out = subprocess.run([sys.executable, "-c", NOISY.format(demo_dir=DEMO_DIR, log=str(log))],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["== progress ==", "| table | row |", "after the demo"]

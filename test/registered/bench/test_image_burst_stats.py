@@ -1,4 +1,4 @@
-"""Statistics and report plumbing of scripts/bench_image_burst.py and ab_image_burst.py."""
+"""Statistics and report plumbing of benchmark/image_burst/bench_image_burst.py and ab_image_burst.py."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 

@@ -1,4 +1,4 @@
-"""scripts/gpu_vit_dp_step.py dry-run: the TP2 DP-encoder ViT step on two gloo ranks.
+"""benchmark/gpu_check/gpu_vit_dp_step.py dry-run: the TP2 DP-encoder ViT step on two gloo ranks.
 
 The GPU benchmark's own code path (two ranks, SGLang's real Qwen3-VL model
 built at attention-TP 2 with ``--mm-enable-dp-encoder``, the real prefill-step

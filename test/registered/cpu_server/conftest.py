@@ -5,7 +5,7 @@ Qwen2.5-VL (``make_tiny_model(..., family="qwen2_5_vl")``, SGLang's own
 ``models/qwen2_5_vl.py``) at ``--tp-size 2 --mm-enable-dp-encoder
 --enable-metrics``, with the demo-only ROCm simulation
 (``cpu_support/rocm_gate_sim``: the ViT batching gate and the warm-up
-decision decide as on ROCm). ``scripts/bench_image_burst.py`` then sends one
+decision decide as on ROCm). ``benchmark/image_burst/bench_image_burst.py`` then sends one
 text request and BURSTS bursts of PROMPTS requests of IMAGES 224x224 images
 each, one request at a time (``--max-concurrency 1``: each request is one
 prefill step, so one encoder call, whose two equal images the DP encoder
@@ -28,9 +28,8 @@ import pytest
 BURSTS, PROMPTS, IMAGES = 2, 2, 2
 # 224x224, patch 14, merge 2: a 16x16 patch grid, 64 image tokens.
 IMAGE_TOKENS = 64
-SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))), "scripts")
-FAULT_DIR = os.path.join(SCRIPTS, "cpu_support", "fault_injection")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+FAULT_DIR = os.path.join(ROOT, "cpu_support", "fault_injection")
 FAULT_ENV = "FORK_FAULT_WARM_UP_CLEAN_UP_RANK"
 FAULT_RANK = 1
 

@@ -4,7 +4,7 @@ The shared TP2 server of ``conftest.py`` (tiny Qwen2.5-VL, series tree,
 ``--tp-size 2 --mm-enable-dp-encoder --enable-metrics``, the ViT gate and the
 warm-up decision simulated as on ROCm), one text request and two bursts of
 two-image requests, one request at a time, through
-``scripts/bench_image_burst.py`` (and thus ``sglang.bench_serving``).
+``benchmark/image_burst/bench_image_burst.py`` (and thus ``sglang.bench_serving``).
 Checked: both ranks decided to warm up as on ROCm and logged their warm-up
 before ``/health`` answered 200; the gate batched (ROCm, DP encoder,
 attention-TP 2); each request was one encoder call on the batched path with

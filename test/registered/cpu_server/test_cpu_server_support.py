@@ -23,7 +23,7 @@ from cpu_support import cpu_server as CS  # noqa: E402
 from cpu_support import make_tiny_model as MTM  # noqa: E402
 from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
 
-SCRIPTS = os.path.dirname(CS.HERE)
+ROOT = os.path.dirname(CS.HERE)
 
 
 @pytest.mark.control(reason="harness: the tiny Qwen3-VL model directory loads with transformers")
@@ -133,7 +133,7 @@ def test_server_command_and_env(tmp_path):
 
 _PROBE = r"""
 import json, sys
-sys.path.insert(0, SCRIPTS)
+sys.path.insert(0, ROOT)
 from cpu_support.tiny_qwen3_vl import publish_cpu_context
 import sglang
 import sglang.srt.managers.mm_schedule as ms
@@ -172,7 +172,7 @@ def _probe(tree):
     base = {k: v for k, v in os.environ.items() if k != CS.SGLANG_TREE_ENV}
     env = CS.server_env(tp_size=1, simulate_rocm_gate=True, python_path=[tree], base=base)
     env.pop("SGLANG_USE_CPU_ENGINE")  # in-process probe: the generic branch (docs/cpu.md)
-    proc = subprocess.run([sys.executable, "-c", f"SCRIPTS = {SCRIPTS!r}\n" + _PROBE],
+    proc = subprocess.run([sys.executable, "-c", f"ROOT = {ROOT!r}\n" + _PROBE],
                           env=env, capture_output=True, text=True, timeout=600)
     line = [x for x in proc.stdout.splitlines() if x.startswith("PROBE")]
     assert line, proc.stdout[-2000:] + proc.stderr[-3000:]

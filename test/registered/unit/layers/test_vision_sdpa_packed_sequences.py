@@ -190,7 +190,7 @@ def test_flatten_batch_false_keeps_its_padding_mask():
 MEMORY_CHILD = textwrap.dedent(
     """
     import json, os, sys
-    sys.path.insert(0, os.path.join(sys.argv[1], "scripts"))
+    sys.path.insert(0, sys.argv[1])
     from cpu_support.standins import prepare_cpu_process
     prepare_cpu_process()
     import torch

@@ -1,4 +1,4 @@
-"""scripts/gpu_vit_check.py through its --tiny CPU path.
+"""benchmark/gpu_check/gpu_vit_check.py through its --tiny CPU path.
 
 The script is the product (it is what runs when a GPU is lent). It runs
 once for the module, in a subprocess, through its own ``main`` with the
@@ -35,7 +35,7 @@ import pytest
 import gpu_vit_check as G
 
 REPO = Path(__file__).resolve().parents[4]
-SCRIPT = REPO / "scripts" / "gpu_vit_check.py"
+SCRIPT = REPO / "benchmark" / "gpu_check" / "gpu_vit_check.py"
 REPEATS = 1
 SECTION_NAMES = [name for name, _ in G.SECTIONS]
 

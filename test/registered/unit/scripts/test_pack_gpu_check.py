@@ -1,4 +1,4 @@
-"""scripts/pack_gpu_check.py: the bare-GPU archive builds, stays under 64 MiB,
+"""benchmark/gpu_check/pack_gpu_check.py: the bare-GPU archive builds, stays under 64 MiB,
 and runs the check from nothing but itself and torch.
 
 The archive is packed with compiled wheels for THIS interpreter's Python (the
@@ -44,7 +44,8 @@ pytestmark = pytest.mark.control(
            "independent of the SGLang under test")
 
 REPO = Path(__file__).resolve().parents[4]
-PACK = REPO / "scripts" / "pack_gpu_check.py"
+GPU_CHECK = REPO / "benchmark" / "gpu_check"
+PACK = GPU_CHECK / "pack_gpu_check.py"
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 
@@ -109,11 +110,11 @@ def workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def unpacked(archive, workdir):
     """The archive unpacked by the runner's own code, where every ``--workdir`` run finds it."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(GPU_CHECK))
     try:
         import run_gpu_check
     finally:
-        sys.path.remove(str(REPO / "scripts"))
+        sys.path.remove(str(GPU_CHECK))
     return Path(run_gpu_check._unpack(str(archive), str(workdir)))
 
 
@@ -360,7 +361,7 @@ print(json.dumps(out))
 def test_standins_raise_when_used_and_look_absent_to_probes(tmp_path):
     probe = tmp_path / "standins.py"
     probe.write_text(_STANDIN_BEHAVIOUR)
-    proc = subprocess.run([sys.executable, str(probe), str(REPO / "scripts")], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(probe), str(GPU_CHECK)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

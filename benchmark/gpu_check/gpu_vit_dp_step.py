@@ -24,10 +24,10 @@ what was allocated before it, on a GPU; peak RSS growth on the CPU). Writes
 missing) and prints the table.
 
 GPU (two devices; the patched tree first on PYTHONPATH, nothing installed):
-    PYTHONPATH=/tmp/sglang-series torchrun --nproc-per-node 2 scripts/gpu_vit_dp_step.py --out vit-dp-step
+    PYTHONPATH=/tmp/sglang-series torchrun --nproc-per-node 2 benchmark/gpu_check/gpu_vit_dp_step.py --out vit-dp-step
 CPU dry run (two gloo ranks spawned by ``cpu_support.ranks``, tiny sizes;
 what ``make test`` runs):
-    .venv/bin/python scripts/gpu_vit_dp_step.py --dry-run --out /tmp/vit-dp-step
+    .venv/bin/python benchmark/gpu_check/gpu_vit_dp_step.py --dry-run --out /tmp/vit-dp-step
 """
 
 from __future__ import annotations
@@ -43,8 +43,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+for path in (ROOT, HERE):  # cpu_support, and gpu_vit_check beside this file
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 import gpu_vit_check as G  # noqa: E402  (stdlib only at import)
 from cpu_support import vit_bench_util as U  # noqa: E402
@@ -189,7 +191,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     opts = dict(device=args.device, tiny=args.tiny, dtype=args.dtype, grids=U.burst_grids(args.burst),
                 repeats=args.repeats, attention_backend=args.mm_attention_backend)
-    meta = dict(command=shlex.join(["python", "scripts/gpu_vit_dp_step.py"]
+    meta = dict(command=shlex.join(["python", "benchmark/gpu_check/gpu_vit_dp_step.py"]
                                    + (sys.argv[1:] if argv is None else list(argv))),
                 date=f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     if args.dry_run:

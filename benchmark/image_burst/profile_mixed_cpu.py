@@ -16,7 +16,7 @@ wall and CPU milliseconds per call and per image, and the bursts' numbers.
 ``FORK_VIT_PROFILE_TORCH=N`` in the environment also writes torch.profiler
 operator tables for N calls per rank (see cpu_support/vit_profile).
 
-    .venv/bin/python scripts/profile_mixed_cpu.py --out /tmp/prof \\
+    .venv/bin/python benchmark/image_burst/profile_mixed_cpu.py --out /tmp/prof \\
         --build series=.cache/trees/sglang-0.5.23-series \\
         --build pristine=.cache/trees/sglang-0.5.23-pristine [--omp-threads 0] [--py-spy]
 """
@@ -34,14 +34,14 @@ import sys
 import time
 from typing import Dict, List
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-if SCRIPTS not in sys.path:
-    sys.path.insert(0, SCRIPTS)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+for path in (ROOT, HERE):  # cpu_support, and bench_image_burst beside this file
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 import bench_image_burst as B  # noqa: E402
 from cpu_support.cpu_server import CpuServer  # noqa: E402
-
-ROOT = os.path.dirname(SCRIPTS)
 
 
 def thread_cpu(pids: List[int]) -> Dict[str, float]:

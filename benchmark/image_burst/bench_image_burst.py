@@ -50,7 +50,7 @@ per minute, requests/s and TTFT mean/P99.
 
 Example (a server on :30000)::
 
-    python scripts/bench_image_burst.py --base-url http://127.0.0.1:30000 \\
+    python benchmark/image_burst/bench_image_burst.py --base-url http://127.0.0.1:30000 \\
         --model Qwen/Qwen3-VL-8B-Instruct --server-log server.log \\
         --warmup-text-prompts 64 --out-json burst.json --out-md burst.md
 """
@@ -76,7 +76,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 READY_MARKER = "The server is fired up and ready to roll!"
 
 

@@ -66,9 +66,11 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-if SCRIPTS not in sys.path:
-    sys.path.insert(0, SCRIPTS)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+for path in (ROOT, HERE):  # cpu_support, and bench_image_burst beside this file
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 import bench_image_burst as B  # noqa: E402
 from cpu_support.cpu_server import (  # noqa: E402
@@ -1001,7 +1003,7 @@ class ABStopped(BaseException):
 
 
 def _stop_on_sigterm(signum, frame):
-    # `timeout 90m python scripts/ab_image_burst.py ...` sends SIGTERM: leave
+    # `timeout 90m python benchmark/image_burst/ab_image_burst.py ...` sends SIGTERM: leave
     # through the normal exits, so the running server is stopped and ab.json
     # records the interruption.
     raise ABStopped(f"stopped by signal {signum} (SIGTERM)")
@@ -1033,7 +1035,7 @@ def _main(argv=None) -> int:
     except ABError as e:
         print(f"ab_image_burst: {e}", file=sys.stderr)
         return 2
-    command = shlex.join(["scripts/ab_image_burst.py",
+    command = shlex.join(["benchmark/image_burst/ab_image_burst.py",
                           *(argv if argv is not None else sys.argv[1:])])
     try:
         ab = run_ab(args, builds, command=command)

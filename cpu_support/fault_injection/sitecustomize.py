@@ -18,7 +18,7 @@ loaded afterwards, so the two hooks combine.
 import os
 import sys
 
-# scripts/, so that cpu_support imports in this server process.
+# The repository root, so that cpu_support imports in this server process.
 sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from cpu_support.post_import import chain_next_sitecustomize, patch_after_import  # noqa: E402
 

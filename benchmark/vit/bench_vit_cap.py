@@ -36,8 +36,8 @@ balancer on the growing call for every image. Both must give the same calls;
 the run stops with an error if they do not.
 
 Example (the docs/benchmarks.md table):
-    .venv/bin/python scripts/bench_vit_cap.py --caps 1,512,1024,2048,4096,none
-    .venv/bin/python scripts/bench_vit_cap.py --splitter-only
+    .venv/bin/python benchmark/vit/bench_vit_cap.py --caps 1,512,1024,2048,4096,none
+    .venv/bin/python benchmark/vit/bench_vit_cap.py --splitter-only
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The repository root, for cpu_support.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from cpu_support import vit_bench_util as U  # noqa: E402
 
@@ -301,7 +302,7 @@ def main(argv=None):
     if not all(r["same_groups"] for r in splitter):
         sys.exit("bench_vit_cap: encoder_call_groups and the pre-fix splitter disagree")
     results["splitter"] = splitter
-    print(f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'scripts/bench_vit_cap.py'] + (sys.argv[1:] if argv is None else list(argv)))}")
+    print(f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'benchmark/vit/bench_vit_cap.py'] + (sys.argv[1:] if argv is None else list(argv)))}")
     print(f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     return results
 

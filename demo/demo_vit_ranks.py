@@ -22,7 +22,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The repository root, for cpu_support.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cpu_support.ranks import run_on_ranks  # noqa: E402
 

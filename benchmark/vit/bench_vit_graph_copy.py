@@ -11,7 +11,7 @@ widths (hidden 1152, 16 heads, MLP 4304, output 4096 with three deepstack
 mergers) at --depth blocks instead of 27, so the call is shorter than the real
 tower's and the copy's share is an upper bound.
 
-    .venv/bin/python scripts/bench_vit_graph_copy.py [--repeats 7] [--depth 4]
+    .venv/bin/python benchmark/vit/bench_vit_graph_copy.py [--repeats 7] [--depth 4]
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The repository root, for cpu_support.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support.ranks import free_port  # noqa: E402

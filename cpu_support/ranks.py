@@ -59,10 +59,10 @@ def _context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([PRELOAD])
     # Python 3.11's forkserver does not take the parent's sys.path, only its
-    # environment: PYTHONPATH names the folder PRELOAD lives in.
-    scripts = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # environment: PYTHONPATH names the folder PRELOAD's package lives in.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (before, scripts) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (before, root) if p)
     try:
         forkserver.ensure_running()
     finally:

@@ -31,7 +31,7 @@ emptied, it is the growth of the process's peak RSS (VmHWM, reset via
 larger of the two.
 
 Example (the docs/benchmarks.md table):
-    .venv/bin/python scripts/bench_vit_cpu.py --repeats 7
+    .venv/bin/python benchmark/vit/bench_vit_cpu.py --repeats 7
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The repository root, for cpu_support.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from cpu_support import vit_bench_util as U  # noqa: E402  (stdlib only at import)
 from cpu_support.standins import prepare_cpu_process  # noqa: E402

@@ -1,6 +1,6 @@
 """Write a tiny Qwen-VL model directory for the CPU server (never downloaded).
 
-    python scripts/cpu_support/make_tiny_model.py --out DIR [--family qwen2_5_vl]
+    python cpu_support/make_tiny_model.py --out DIR [--family qwen2_5_vl]
 
 Two families (``--family``; default ``qwen3_vl``, the one everything else
 uses): ``qwen3_vl`` (``Qwen3VLForConditionalGeneration``) and ``qwen2_5_vl``

@@ -24,7 +24,7 @@ through ``get_image_feature([item])`` on its own, assembled like the step.
     "CPU vs off" compares CPU times.
 
 Example (the docs/benchmarks.md tables):
-    .venv/bin/python scripts/bench_vit_determinism.py
+    .venv/bin/python benchmark/vit/bench_vit_determinism.py
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The repository root, for cpu_support.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from cpu_support import vit_bench_util as U  # noqa: E402
 
@@ -218,7 +219,7 @@ def main(argv=None):
           "yes" if c["bitwise"] else "no"] for c in costs],
         align="lllrrrrrl",
     ))
-    print(f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'scripts/bench_vit_determinism.py'] + (sys.argv[1:] if argv is None else list(argv)))}")
+    print(f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'benchmark/vit/bench_vit_determinism.py'] + (sys.argv[1:] if argv is None else list(argv)))}")
     print(f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     return diffs, costs
 

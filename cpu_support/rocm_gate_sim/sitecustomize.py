@@ -35,7 +35,7 @@ series' ``sglang:mm_encoder_rank_images_total`` on ``/metrics``.
 import os
 import sys
 
-# scripts/, so that cpu_support imports in this server process.
+# The repository root, so that cpu_support imports in this server process.
 sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from cpu_support.post_import import chain_next_sitecustomize, patch_after_import  # noqa: E402
 

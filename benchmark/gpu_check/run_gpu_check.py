@@ -1,4 +1,4 @@
-"""Runner of the bare-GPU archive built by scripts/pack_gpu_check.py.
+"""Runner of the bare-GPU archive built by benchmark/gpu_check/pack_gpu_check.py.
 
 Inside the archive this file is ``__main__.py``, so on the GPU box
 

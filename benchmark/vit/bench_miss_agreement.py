@@ -9,7 +9,7 @@ gloo ranks of SGLang's real groups, over the CPU group SGLang gives every
 group coordinator (``attn_tp_group.cpu_group``), for a step of 1, 8 and 64
 items. Prints a markdown table of the median and p90 microseconds per step.
 
-    .venv/bin/python scripts/bench_miss_agreement.py [--reps 500]
+    .venv/bin/python benchmark/vit/bench_miss_agreement.py [--reps 500]
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+# The repository root, for cpu_support.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 ITEMS = (1, 8, 64)
 

@@ -2,7 +2,7 @@
 
 ``serve_and_burst`` starts the real ``sglang.launch_server`` from the series
 tree (:class:`cpu_support.cpu_server.CpuServer`: ``--tp-size 2
---mm-enable-dp-encoder --enable-metrics``), runs ``scripts/bench_image_burst.py``
+--mm-enable-dp-encoder --enable-metrics``), runs ``benchmark/image_burst/bench_image_burst.py``
 against it with the caller's burst arguments, and stops the server by PID
 whatever happened. The CPU server end-to-end tests share it.
 """
@@ -18,7 +18,8 @@ from typing import Callable, Optional, Sequence
 from cpu_support.cpu_server import CpuServer
 from cpu_support.sglang_trees import series_tree
 
-SCRIPTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_IMAGE_BURST = os.path.join(ROOT, "benchmark", "image_burst", "bench_image_burst.py")
 
 
 def serve_and_burst(
@@ -48,7 +49,7 @@ def serve_and_burst(
     out_json, out_md = work / "burst.json", work / "burst.md"
     run = after = None
     try:
-        cmd = [sys.executable, os.path.join(SCRIPTS, "bench_image_burst.py"),
+        cmd = [sys.executable, BENCH_IMAGE_BURST,
                "--base-url", srv.base_url, "--model", model, *burst_args,
                "--server-log", srv.log_path,
                "--server-flags", " ".join(srv.server_flags), "--sglang-target", tree,

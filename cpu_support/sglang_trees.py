@@ -1,6 +1,6 @@
 """Two ``--target`` trees of SGLang 0.5.23 for A/B runs: pristine and series.
 
-    python scripts/cpu_support/sglang_trees.py [--root .cache/trees]
+    python cpu_support/sglang_trees.py [--root .cache/trees]
 
 prints the two directories. A tree is a folder holding the ``sglang``
 package (and its dist-info); putting it first on ``PYTHONPATH`` makes any
@@ -32,7 +32,7 @@ import sys
 import tempfile
 import zipfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERIES_PY = os.path.join(ROOT, "scripts", "series.py")
 DEFAULT_TREES = os.path.join(ROOT, ".cache", "trees")
 WHEEL_DIRS = (os.path.join(ROOT, ".cache", "wheels"), "/tmp/sg")

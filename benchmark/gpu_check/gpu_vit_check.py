@@ -48,9 +48,9 @@ encoder). Exit status 1 if deterministic inference is not bitwise equal to
 alone: that is the series' promise.
 
 GPU (one device; ROCm builds of torch also answer to "cuda"):
-    python scripts/gpu_vit_check.py --device cuda --out /tmp/gpu_vit_check
+    python benchmark/gpu_check/gpu_vit_check.py --device cuda --out /tmp/gpu_vit_check
 CPU, the same code path with tiny sizes in seconds (what the tests run):
-    .venv/bin/python scripts/gpu_vit_check.py --tiny --out /tmp/gpu_vit_check_tiny
+    .venv/bin/python benchmark/gpu_check/gpu_vit_check.py --tiny --out /tmp/gpu_vit_check_tiny
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ import time
 from typing import NamedTuple, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+# cpu_support: beside this file in the bare-GPU archive (pack_gpu_check.py),
+# at the repository root (two folders up) in the repository.
+sys.path.insert(0, HERE if os.path.isdir(os.path.join(HERE, "cpu_support")) else os.path.dirname(os.path.dirname(HERE)))
 
 from cpu_support import vit_bench_util as U  # noqa: E402  (stdlib only at import)
 from cpu_support.tiny_sizes import TINY_TEXT  # noqa: E402  (no side effects)
@@ -790,7 +792,7 @@ def main(argv=None) -> int:
         return 2
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    command = shlex.join(["python", "scripts/gpu_vit_check.py"] + (sys.argv[1:] if argv is None else list(argv)))
+    command = shlex.join(["python", "benchmark/gpu_check/gpu_vit_check.py"] + (sys.argv[1:] if argv is None else list(argv)))
     date = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}"
     files = SectionFiles(args.out)
     args.report = None

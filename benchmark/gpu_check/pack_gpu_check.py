@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Pack scripts/gpu_vit_check.py for a bare GPU box into ONE archive (< 64 MiB).
+"""Pack benchmark/gpu_check/gpu_vit_check.py for a bare GPU box into ONE archive (< 64 MiB).
 
 The box may have no SGLang and no network: only Python, a CUDA (or ROCm)
 torch and torch's own dependencies. The archive is a zip application:
 
-    python scripts/pack_gpu_check.py                    # here: out/gpu_check/gpu_vit_check_bare.pyz
-    timeout 280 python3 gpu_vit_check_bare.pyz --out "$OUT"  # there (scripts/run_gpu_check.py)
+    python benchmark/gpu_check/pack_gpu_check.py        # here: out/gpu_check/gpu_vit_check_bare.pyz
+    timeout 280 python3 gpu_vit_check_bare.pyz --out "$OUT"  # there (run_gpu_check.py)
 
 It holds (``manifest.json`` in the archive lists every part):
 
@@ -17,7 +17,8 @@ It holds (``manifest.json`` in the archive lists every part):
   copy is older than a packed distribution requires;
 * ``site-cpXY/``: the compiled wheels in COMPILED for one Python (``--python``,
   default 3.12, manylinux x86_64), only used by a matching interpreter;
-* ``scripts/``: gpu_vit_check.py and the cpu_support modules it imports;
+* ``scripts/``: gpu_vit_check.py and the cpu_support modules it imports
+  (the archive's own folder name; SCRIPT_FILES says where each comes from);
 * ``__main__.py`` / ``run_gpu_check.py``: the runner; STANDINS are the
   packages it stands in for when the box lacks them (see run_gpu_check.py).
 
@@ -50,7 +51,8 @@ import sys
 import tempfile
 import zipfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 SGLANG_VERSION = "0.5.23"
 
 # Pure-Python wheels the import chain needs (py3-none-any).
@@ -103,7 +105,7 @@ COMPILED = [
     "tokenizers==0.23.2",  # transformers' gguf integration imports it
 ]
 # Imported at module level by SGLang, never called by the check: stood in for
-# when the box lacks them (scripts/run_gpu_check.py).
+# when the box lacks them (run_gpu_check.py).
 STANDINS = [
     "sgl_kernel",  # SGLang's CUDA kernels (the check's path uses torch/triton ones)
     "torchvision",  # must match the box's torch; only image processors use it
@@ -115,15 +117,15 @@ STANDINS = [
     "sentencepiece",
     "tvm_ffi",
 ]
-# The check's own files (paths under scripts/).
-SCRIPT_FILES = [
-    "gpu_vit_check.py",
-    "cpu_support/__init__.py",
-    "cpu_support/vit_bench_util.py",
-    "cpu_support/tiny_sizes.py",
-    "cpu_support/seeded_model.py",
-    "cpu_support/standins.py",
-]
+# The check's own files: path under the archive's scripts/ -> path in this repository.
+SCRIPT_FILES = {
+    "gpu_vit_check.py": "benchmark/gpu_check/gpu_vit_check.py",
+    "cpu_support/__init__.py": "cpu_support/__init__.py",
+    "cpu_support/vit_bench_util.py": "cpu_support/vit_bench_util.py",
+    "cpu_support/tiny_sizes.py": "cpu_support/tiny_sizes.py",
+    "cpu_support/seeded_model.py": "cpu_support/seeded_model.py",
+    "cpu_support/standins.py": "cpu_support/standins.py",
+}
 SGLANG_SKIP = ["sglang/multimodal_gen/*", "sglang/test/*", "*.so", "*/__pycache__/*"]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64",
              "manylinux1_x86_64"]
@@ -236,11 +238,11 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
     for spec in COMPILED:
         _extract(_pip_download(spec, wheel_cache, python), compiled)
 
-    for rel in SCRIPT_FILES:
+    for rel, source in SCRIPT_FILES.items():
         dest = os.path.join(work, "scripts", rel)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        shutil.copyfile(os.path.join(REPO, "scripts", rel), dest)
-    runner = os.path.join(REPO, "scripts", "run_gpu_check.py")
+        shutil.copyfile(os.path.join(REPO, source), dest)
+    runner = os.path.join(HERE, "run_gpu_check.py")
     shutil.copyfile(runner, os.path.join(work, "__main__.py"))
     shutil.copyfile(runner, os.path.join(work, "run_gpu_check.py"))
 
@@ -252,7 +254,7 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
         compiled=COMPILED,
         compiled_python=tag,
         standins=STANDINS,
-        scripts=SCRIPT_FILES,
+        scripts=list(SCRIPT_FILES),
     )
     with open(os.path.join(work, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """`make demo`: the seed's experiment, small, on a real SGLang server on the CPU.
 
-1. If ``scripts/demo_vit_ranks.py`` is present: its in-process two-rank table
+1. If ``demo/demo_vit_ranks.py`` is present: its in-process two-rank table
    (where a prefill step's images land, per-request vs batched).
 2. The tiny Qwen3-VL CPU server (``sglang.launch_server``, TP2,
    ``--mm-enable-dp-encoder``, ROCm decision simulated for the ViT gate only),
@@ -10,10 +10,10 @@
    (Build, Burst, Mean TTFT, P99 TTFT, Output tok/s, images per rank and
    encoder calls from ``/metrics`` (the series build; n/a on pristine),
    compiles after ready). Small defaults so it finishes in a few minutes on
-   2 cores; every one is a flag (``python scripts/demo.py --help``).
+   2 cores; every one is a flag (``python demo/demo.py --help``).
 
 Pristine and series are two ``--target`` trees under ``.cache/trees``
-(scripts/cpu_support/sglang_trees.py); the server's Python is this venv's.
+(cpu_support/sglang_trees.py); the server's Python is this venv's.
 The ROCm simulation is demo scaffolding (docs/cpu.md), not in the patches.
 
 The terminal gets only the demo's progress lines and tables; everything else
@@ -30,9 +30,13 @@ import sys
 import time
 import traceback
 
-SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(SCRIPTS)
-sys.path.insert(0, SCRIPTS)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+IMAGE_BURST = os.path.join(ROOT, "benchmark", "image_burst")
+# cpu_support, the A/B harness (ab_image_burst) and demo_vit_ranks beside this file.
+for path in (ROOT, IMAGE_BURST, HERE):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 DEFAULTS = dict(runs=1, bursts=2, num_prompts=8, max_concurrency=8, image_resolution="224x224",
                 input_len=64, output_len=8, seed=42, seed_step=1, warmup_text_prompts=4)
@@ -110,7 +114,7 @@ def main(argv=None) -> int:
 
 def run(args, argv, term: Terminal) -> int:
     say = term.say
-    if not args.skip_ranks_demo and os.path.isfile(os.path.join(SCRIPTS, "demo_vit_ranks.py")):
+    if not args.skip_ranks_demo and os.path.isfile(os.path.join(HERE, "demo_vit_ranks.py")):
         import demo_vit_ranks as R
 
         say("== In-process: SGLang's Qwen3-VL tower on two gloo ranks ==")
@@ -147,7 +151,7 @@ def run(args, argv, term: Terminal) -> int:
         f"{args.image_resolution}, {args.input_len}/{args.output_len} tokens, seed {args.seed} "
         f"(+{args.seed_step} per burst: new images, so the encoder runs in every burst)"
     )
-    command = shlex.join(["scripts/demo.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["demo/demo.py", *(argv if argv is not None else sys.argv[1:])])
     try:
         builds = AB.describe_builds(ab_args)
         ab = AB.run_ab(ab_args, builds, echo=say, command=command)
