@@ -1,15 +1,18 @@
-"""Two ``--target`` trees of SGLang 0.5.23 for A/B runs: pristine and series.
+"""``--target`` trees of SGLang 0.5.23: pristine, series and the series' repository.
 
     python cpu_support/sglang_trees.py [--root .cache/trees]
 
-prints the two directories. A tree is a folder holding the ``sglang``
+prints the three directories. A tree is a folder holding the ``sglang``
 package (and its dist-info); putting it first on ``PYTHONPATH`` makes any
 Python with the right dependencies import that sglang instead of its own.
 
 * pristine: the release wheel unpacked (from ``.cache/wheels``, which
   ``make setup`` fills, or downloaded with ``pip download --no-deps``);
-* series: a copy of pristine with ``scripts/series.py apply`` run on it.
-  It is rebuilt when the series' hash changes.
+* series: a copy of pristine with ``scripts/series.py apply`` run on it;
+* series repository: SGLang's repository layout (``python/`` = a copy of
+  pristine, and ``test/``) with the series applied, so it holds the tests the
+  patches carry under ``test/registered/`` (``pytest.ini`` collects them).
+The last two are rebuilt when the series' hash changes.
 
 Both are byte-compiled when built, as pip compiles an installed package.
 
@@ -116,6 +119,14 @@ def series_status(target: str) -> dict:
     return json.loads(out)
 
 
+def _carries_current_series(path: str) -> bool:
+    try:
+        st = series_status(path)
+    except (subprocess.CalledProcessError, ValueError):
+        return False
+    return bool(st.get("applied") and st.get("current"))
+
+
 def pristine_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
     dest = os.path.join(root, f"sglang-{version}-pristine")
     if not os.path.isfile(os.path.join(dest, "sglang", "version.py")):
@@ -128,14 +139,7 @@ def series_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
     dest = os.path.join(root, f"sglang-{version}-series")
     pristine = pristine_tree(root, version)
 
-    def current(path):
-        try:
-            st = series_status(path)
-        except (subprocess.CalledProcessError, ValueError):
-            return False
-        return bool(st.get("applied") and st.get("current"))
-
-    if os.path.isdir(dest) and current(dest):
+    if os.path.isdir(dest) and _carries_current_series(dest):
         return dest
 
     def fill(tmp):
@@ -147,7 +151,27 @@ def series_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
                             f"{(proc.stdout + proc.stderr).strip()}")
         _byte_compile(tmp)  # the patched and new files; the rest came compiled
 
-    _build(dest, fill, keep=current)
+    _build(dest, fill, keep=_carries_current_series)
+    return dest
+
+
+def series_repo_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
+    dest = os.path.join(root, f"sglang-{version}-series-repo")
+    pristine = pristine_tree(root, version)
+
+    if os.path.isdir(dest) and _carries_current_series(dest):
+        return dest
+
+    def fill(tmp):
+        shutil.copytree(pristine, os.path.join(tmp, "python"), symlinks=True)
+        os.makedirs(os.path.join(tmp, "test"))  # what makes it a repository root
+        proc = subprocess.run([sys.executable, SERIES_PY, "apply", "--target", tmp],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise TreeError(f"series.py apply failed on a {version} repository tree: "
+                            f"{(proc.stdout + proc.stderr).strip()}")
+
+    _build(dest, fill, keep=_carries_current_series)
     return dest
 
 
@@ -158,6 +182,7 @@ def main(argv=None) -> int:
     try:
         print(pristine_tree(a.root))
         print(series_tree(a.root))
+        print(series_repo_tree(a.root))
     except (TreeError, subprocess.CalledProcessError) as e:
         print(f"sglang_trees: {e}", file=sys.stderr)
         return 1

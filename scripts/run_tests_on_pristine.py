@@ -10,7 +10,8 @@ first on ``PYTHONPATH`` of pytest, so every process pytest starts inherits it
 ``FORK_SGLANG_TREE``, which ``cpu_support.cpu_server`` puts first on every CPU
 server's ``PYTHONPATH``, ahead of the series tree the server tests name.
 
-PYTEST ARGS default to ``test/registered``; anything pytest takes works
+PYTEST ARGS default to pytest.ini's ``testpaths`` (this repository's
+``test/registered`` and the tests the patches carry); anything pytest takes works
 (``-m "not control"``, ``-k``, file paths). The pytest output goes to
 ``--log`` (default ``out/pristine/pytest.log``), every test's outcome to
 ``out/pristine/report.json`` (a module that cannot be collected there counts
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
     # A module that imports a series-only module fails to collect on pristine:
     # count it as an error and run the rest.
     cmd = [a.python, "-m", "pytest", "-q", "-rA", "--continue-on-collection-errors",
-           *(pytest_args or ["test/registered"])]
+           *pytest_args]
     print(f"pristine tree: {tree} (sglang {status.get('sglang_version')}, no series)")
     print(f"running: {' '.join(cmd)}  (log: {a.log})", flush=True)
     start = time.monotonic()
