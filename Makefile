@@ -4,7 +4,7 @@ PY := .venv/bin/python
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup demo test
+.PHONY: setup demo test lint
 
 setup:
 	@bash scripts/setup_env.sh
@@ -13,4 +13,8 @@ demo: setup
 	$(PY) demo/demo.py
 
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder test/registered
+	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
+
+# SGLang's black / isort / ruff on this repository's own Python (the tools, tests, demo).
+lint: setup
+	$(PY) scripts/lint_series.py --repo

@@ -3,7 +3,7 @@
 The repository root goes on sys.path so tests import `cpu_support` (CPU
 stand-ins, the tiny Qwen3-VL); the tool folders (`scripts/`, `demo/`, each
 `benchmark/` study) go there too, so tests import a tool by its module name
-(`import series`, `import bench_image_burst`). The stand-ins are installed
+(`import lint_series`, `import bench_image_burst`). The stand-ins are installed
 before any test module imports sglang (see cpu_support/standins.py).
 """
 

@@ -146,7 +146,7 @@ def server_env(
     ``omp_threads``: ``OMP_NUM_THREADS`` of every server process; None (the
     default) gives each rank its share of the CPUs (``threads_per_rank``), 0
     leaves the variable as the caller's environment has it (torch's default
-    of one thread per CPU when unset: the set-up before issue 13).
+    of one thread per CPU when unset).
 
     ``vit_profile_dir``: time every vision-tower call into that folder
     (``cpu_support/vit_profile``, profiling only).

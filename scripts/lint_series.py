@@ -2,6 +2,7 @@
 """Lint the patch series the way SGLang's pre-commit lints a pull request.
 
     .venv/bin/python scripts/lint_series.py [-v] [--tree DIR --pristine DIR]
+    .venv/bin/python scripts/lint_series.py --repo [--fix] [-v]   # make lint
 
 prints one verdict line per Python file the series touches and exits 1 when
 any fails. Without ``--tree``/``--pristine`` it builds (or reuses) the two
@@ -28,6 +29,12 @@ files already fail black 24.10 (``layers/attention/vision.py`` among them):
   after, is a failure), and ruff may report nothing on an added line.
 
 ``-v`` adds one line per offending line (tool, line number, text).
+
+``--repo`` lints this repository's own Python instead (every tracked ``.py``
+file: the tools, ``cpu_support``, the demo, the benchmarks, the tests), each
+file entirely, with the same three tools and settings. ``--fix`` first
+rewrites those files with isort and black (ruff's findings stay to fix by
+hand).
 """
 
 from __future__ import annotations
@@ -233,8 +240,8 @@ def lint_file(rel: str, pristine_root: str, tree_root: str) -> FileVerdict:
     return verdict
 
 
-def render(verdict: FileVerdict, lines: Sequence[str], verbose: bool) -> List[str]:
-    kind = "new file" if verdict.new else f"modified, {verdict.added} added lines"
+def render(verdict: FileVerdict, lines: Sequence[str], verbose: bool, kind: str = "") -> List[str]:
+    kind = kind or ("new file" if verdict.new else f"modified, {verdict.added} added lines")
     if verdict.error:
         return [f"FAIL  {verdict.path} ({kind}): {verdict.error}"]
     if verdict.ok:
@@ -265,9 +272,15 @@ def main(argv=None) -> int:
     p.add_argument("--pristine", help="directory holding the pristine sglang package (default: the 0.5.23 wheel's)")
     p.add_argument("--patches", default=PATCHES, help="patches directory whose series names the files")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per offending line")
+    p.add_argument("--repo", action="store_true", help="lint this repository's own Python files, each entirely")
+    p.add_argument("--fix", action="store_true", help="with --repo: rewrite the files with isort and black first")
     args = p.parse_args(argv)
+    if args.fix and not args.repo:
+        p.error("--fix goes with --repo (the series is fixed in its patches)")
     _reexec_in_venv()
     check_versions()
+    if args.repo:
+        return lint_repo(repo_files(), fix=args.fix, verbose=args.verbose)
     if bool(args.tree) != bool(args.pristine):
         p.error("give both --tree and --pristine, or neither")
     with tempfile.TemporaryDirectory(prefix="lint-series-") as work:
@@ -307,6 +320,39 @@ def build_trees(work: str, patches_dir: str = PATCHES, version: str = "0.5.23") 
     if proc.returncode != 0:
         sys.exit(f"lint_series: series.py apply failed: {(proc.stdout + proc.stderr).strip()}")
     return pristine, tree
+
+
+def repo_files(root: str = ROOT) -> List[str]:
+    """The repository's tracked Python files, relative to ``root``."""
+    proc = subprocess.run(
+        ["git", "ls-files", "-z", "--", "*.py"], cwd=root, capture_output=True, text=True, check=True
+    )
+    return sorted(p for p in proc.stdout.split("\0") if p and os.path.isfile(os.path.join(root, p)))
+
+
+def lint_repo(files: Sequence[str], root: str = ROOT, fix: bool = False, verbose: bool = False) -> int:
+    """Each file judged entirely, as a file the series creates is."""
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="lint-repo-") as nothing:
+        for rel in files:
+            path = os.path.join(root, rel)
+            if fix:
+                with open(path, encoding="utf-8") as f:
+                    source = f.read()
+                fixed = black_format(isort_format(source))
+                if fixed != source:
+                    with open(path, "w", encoding="utf-8") as f:
+                        f.write(fixed)
+            verdict = lint_file(rel, nothing, root)
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+            if verbose or not verdict.ok:
+                for line in render(verdict, lines, verbose, kind="whole file"):
+                    print(line)
+            failed += not verdict.ok
+    print(f"{'FAILED' if failed else 'ok'}: {failed} of {len(files)} file(s) of the repository fail SGLang's lint "
+          f"(black 24.10.0, isort 5.13.2 profile black, ruff 0.11.7 {RUFF_SELECT})")
+    return 1 if failed else 0
 
 
 def report(pristine: str, tree: str, files: Sequence[str], verbose: bool) -> int:

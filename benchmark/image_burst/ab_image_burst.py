@@ -35,13 +35,13 @@ launch, for at most ``--gpu-release-timeout`` seconds (then it stops with an
 error); without such a tool, or with ``--cpu``, it says so and does not wait.
 A text warm-up that completes no request stops the whole A/B at once.
 
-``--mixed`` (issue 13): instead of bench_serving image runs, each fresh
+``--mixed``: instead of bench_serving image runs, each fresh
 server gets untimed mixed warm-up bursts and then ``--mixed-bursts`` closed-loop
 bursts of mixed image sizes with repeats and a bad input
 (``bench_image_burst.run_mixed``); the table then shows bursts per minute,
 requests/s, TTFT mean/P99 and the load average per run (docs/benchmarks.md,
 "Mixed traffic"). ``--omp-threads`` (``--cpu``) sets the CPU server's
-``OMP_NUM_THREADS``; 0 leaves it unset, the set-up before issue 13.
+``OMP_NUM_THREADS``; 0 leaves it unset (torch's default threads).
 
 Server flags: everything after ``--`` is passed to ``launch_server`` (the
 harness adds ``--host``/``--port``). ``--cpu`` runs the fork's tiny Qwen3-VL

@@ -42,7 +42,7 @@ record (``TORCH_LOGS=recompiles``) or one ``torchdynamo start tracing``
 record (``TORCH_LOGS=dynamo``, which also shows first compiles), counted
 once per process and dynamo compile id.
 
-``--mixed`` (issue 13): closed-loop bursts of mixed image sizes (from the
+``--mixed``: closed-loop bursts of mixed image sizes (from the
 processor's 32x32 floor up), repeats of the previous burst's images and an
 undecodable image, sent with bench_serving's chat-completions request function
 (see ``mixed_plan`` and docs/benchmarks.md, "Mixed traffic"); reports bursts
@@ -939,7 +939,7 @@ def run_bursts(
 
 
 # ---------------------------------------------------------------------------
-# Mixed traffic (issue 13): bursts of mixed image sizes, repeats, a bad input
+# Mixed traffic: bursts of mixed image sizes, repeats, a bad input
 # ---------------------------------------------------------------------------
 #
 # bench_serving's image dataset draws every request of a run from one size

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Profile the CPU server's vision tower under mixed traffic (issue 13).
+"""Profile the CPU server's vision tower under mixed traffic.
 
 One fresh CPU server (tiny Qwen3-VL, TP2, DP encoder, ROCm gate simulated)
 per ``--target`` tree, with ``cpu_support/vit_profile`` timing every

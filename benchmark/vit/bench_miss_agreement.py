@@ -1,4 +1,4 @@
-"""What a rank-consistent miss decision would cost per image step (issue 17).
+"""What a rank-consistent miss decision would cost per image step.
 
 SGLang PR #40247 (open) makes attention-TP ranks agree on which multimodal
 items are embedding-cache misses: every rank all-reduces (MAX) one flag per

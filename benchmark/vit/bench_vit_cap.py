@@ -31,8 +31,8 @@ Splitter table (``--splitter-only`` prints just it, in a few seconds): the
 scheduler-side milliseconds per step that splitting a step's cache misses
 into capped calls costs (``vit_batching.encoder_call_groups``; no encoding),
 at 64, 512 and 1024 images of 64 patches, cap 16384, attention-TP 2, next to
-the pre-fix algorithm (the series before issue 12), which re-ran the DP load
-balancer on the growing call for every image. Both must give the same calls;
+a reference splitter that re-runs the DP load balancer on the growing
+call for every image. Both must give the same calls;
 the run stops with an error if they do not.
 
 Example (the docs/benchmarks.md table):
@@ -117,10 +117,9 @@ SPLITTER_RANKS = 2  # attention-TP width of the DP encoder
 
 
 def prefix_call_groups(patches, cap, ranks):
-    """The pre-fix splitter (the cap patch before issue 12), kept here as the
-    reference: walk the images in order and, for each one, ask SGLang's DP
-    load balancer for the busiest rank's share of the current call plus that
-    image; over the cap closes the call. One balancer run (a sort of the
+    """The reference splitter: walk the images in order and, for each one,
+    ask SGLang's DP load balancer for the busiest rank's share of the current
+    call plus that image; over the cap closes the call. One balancer run (a sort of the
     whole trial list) per image: quadratic and worse in the call's length."""
     from sglang.srt.multimodal.mm_utils import get_dp_encoder_lb_assignment
 
