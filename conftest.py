@@ -14,7 +14,13 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-TOOL_DIRS = ("scripts", "demo", "benchmark/image_burst", "benchmark/vit", "benchmark/gpu_check")
+TOOL_DIRS = (
+    "scripts",
+    "demo",
+    "benchmark/image_burst",
+    "benchmark/vit",
+    "benchmark/gpu_check",
+)
 sys.path[:0] = [ROOT] + [os.path.join(ROOT, d) for d in TOOL_DIRS]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -86,7 +92,9 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         marker = item.get_closest_marker("control")
         if marker is not None:
-            reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
+            reason = marker.kwargs.get("reason") or (
+                marker.args[0] if marker.args else ""
+            )
             # Carried on the test's reports, which reach the xdist controller
             # (that writes the report) from the worker that collected it.
             item.user_properties.append((CONTROL_PROPERTY, reason))
@@ -129,9 +137,19 @@ def pytest_sessionfinish(session, exitstatus):
     import sglang
 
     tests = {
-        nodeid: {"outcome": seen.get("outcome", "error"), "control": _controls.get(nodeid)}
+        nodeid: {
+            "outcome": seen.get("outcome", "error"),
+            "control": _controls.get(nodeid),
+        }
         for nodeid, seen in _outcomes.items()
     }
     with open(path, "w") as f:
-        json.dump({"sglang_file": sglang.__file__, "exitstatus": int(exitstatus),
-                   "tests": tests}, f, indent=1)
+        json.dump(
+            {
+                "sglang_file": sglang.__file__,
+                "exitstatus": int(exitstatus),
+                "tests": tests,
+            },
+            f,
+            indent=1,
+        )

@@ -110,15 +110,25 @@ def server_command(
     if dp_encoder and tp_size < 2:
         raise ValueError("--mm-enable-dp-encoder needs tp_size >= 2 to split any work")
     cmd = [
-        python, "-m", "sglang.launch_server",
-        "--model-path", model_path,
-        "--load-format", "dummy",
-        "--device", "cpu",
-        "--attention-backend", "torch_native",
-        "--mm-attention-backend", "sdpa",
-        "--max-total-tokens", str(max_total_tokens),
-        "--host", "127.0.0.1",
-        "--port", str(port),
+        python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path,
+        "--load-format",
+        "dummy",
+        "--device",
+        "cpu",
+        "--attention-backend",
+        "torch_native",
+        "--mm-attention-backend",
+        "sdpa",
+        "--max-total-tokens",
+        str(max_total_tokens),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
     ]
     if tp_size > 1:
         cmd += ["--tp-size", str(tp_size)]
@@ -211,8 +221,15 @@ def _alive(pid: int) -> bool:
 class ServerProcess:
     """One server process tree started from ``command``; ready = /health 200."""
 
-    def __init__(self, command: Sequence[str], *, env: Dict[str, str], port: int,
-                 log_path: str, ready_timeout: float = 300.0):
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        env: Dict[str, str],
+        port: int,
+        log_path: str,
+        ready_timeout: float = 300.0,
+    ):
         self.command = list(command)
         self.env = dict(env)
         self.port = port
@@ -236,8 +253,14 @@ class ServerProcess:
         return self.command[3:]
 
     def env_summary(self) -> Dict[str, str]:
-        keys = ("SGLANG_USE_CPU_ENGINE", "SGLANG_CPU_OMP_THREADS_BIND",
-                "SGLANG_NCCL_SO_PATH", "TORCH_LOGS", ROCM_GATE_SIM_ENV, "PYTHONPATH")
+        keys = (
+            "SGLANG_USE_CPU_ENGINE",
+            "SGLANG_CPU_OMP_THREADS_BIND",
+            "SGLANG_NCCL_SO_PATH",
+            "TORCH_LOGS",
+            ROCM_GATE_SIM_ENV,
+            "PYTHONPATH",
+        )
         return {k: self.env[k] for k in keys if k in self.env}
 
     def log_tail(self, n: int = 40) -> str:
@@ -262,8 +285,11 @@ class ServerProcess:
         self._log_file = open(self.log_path, "w")
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
-            self.command, env=self.env, stdout=self._log_file,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.command,
+            env=self.env,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         deadline = t0 + self.ready_timeout
@@ -364,20 +390,34 @@ class CpuServer(ServerProcess):
         vit_profile_dir: Optional[str] = None,
     ):
         if not os.path.isfile(os.path.join(model_path, "config.json")):
-            raise ValueError(f"{model_path} holds no config.json (make it with make_tiny_model.py)")
+            raise ValueError(
+                f"{model_path} holds no config.json (make it with make_tiny_model.py)"
+            )
         self.model_path = model_path
         self.tp_size = tp_size
         self.dp_encoder = dp_encoder
         port = port or free_port()
         super().__init__(
-            server_command(model_path, port=port, tp_size=tp_size, dp_encoder=dp_encoder,
-                           python=python, max_total_tokens=max_total_tokens,
-                           extra_args=extra_args),
-            env=server_env(tp_size=tp_size, simulate_rocm_gate=simulate_rocm_gate,
-                           python_path=python_path,
-                           torch_logs=torch_logs, omp_threads=omp_threads,
-                           vit_profile_dir=vit_profile_dir),
-            port=port, log_path=log_path, ready_timeout=ready_timeout,
+            server_command(
+                model_path,
+                port=port,
+                tp_size=tp_size,
+                dp_encoder=dp_encoder,
+                python=python,
+                max_total_tokens=max_total_tokens,
+                extra_args=extra_args,
+            ),
+            env=server_env(
+                tp_size=tp_size,
+                simulate_rocm_gate=simulate_rocm_gate,
+                python_path=python_path,
+                torch_logs=torch_logs,
+                omp_threads=omp_threads,
+                vit_profile_dir=vit_profile_dir,
+            ),
+            port=port,
+            log_path=log_path,
+            ready_timeout=ready_timeout,
         )
 
 
@@ -392,22 +432,40 @@ def main(argv=None) -> int:
     p.add_argument("--simulate-rocm-gate", action="store_true")
     p.add_argument("--port", type=int)
     p.add_argument("--log", default="cpu_server.log")
-    p.add_argument("--python-path", action="append", default=[],
-                   help="a --target tree holding sglang, put first on the server's PYTHONPATH "
-                        "(e.g. .cache/trees/sglang-0.5.23-series); repeatable")
-    p.add_argument("--omp-threads", type=int,
-                   help="OMP_NUM_THREADS of the server (default: the CPUs split per rank; "
-                        "0: leave it unset, torch's one thread per CPU in every rank)")
-    p.add_argument("--vit-profile-dir",
-                   help="time every vision-tower call into this folder (cpu_support/vit_profile)")
+    p.add_argument(
+        "--python-path",
+        action="append",
+        default=[],
+        help="a --target tree holding sglang, put first on the server's PYTHONPATH "
+        "(e.g. .cache/trees/sglang-0.5.23-series); repeatable",
+    )
+    p.add_argument(
+        "--omp-threads",
+        type=int,
+        help="OMP_NUM_THREADS of the server (default: the CPUs split per rank; "
+        "0: leave it unset, torch's one thread per CPU in every rank)",
+    )
+    p.add_argument(
+        "--vit-profile-dir",
+        help="time every vision-tower call into this folder (cpu_support/vit_profile)",
+    )
     a = p.parse_args(argv)
-    srv = CpuServer(a.model_path, log_path=a.log, tp_size=a.tp_size,
-                    dp_encoder=a.mm_enable_dp_encoder, port=a.port,
-                    simulate_rocm_gate=a.simulate_rocm_gate,
-                    python_path=[os.path.abspath(x) for x in a.python_path],
-                    omp_threads=a.omp_threads, vit_profile_dir=a.vit_profile_dir)
+    srv = CpuServer(
+        a.model_path,
+        log_path=a.log,
+        tp_size=a.tp_size,
+        dp_encoder=a.mm_enable_dp_encoder,
+        port=a.port,
+        simulate_rocm_gate=a.simulate_rocm_gate,
+        python_path=[os.path.abspath(x) for x in a.python_path],
+        omp_threads=a.omp_threads,
+        vit_profile_dir=a.vit_profile_dir,
+    )
     with srv:
-        print(f"ready at {srv.base_url} after {srv.ready_seconds:.1f}s (log {a.log})", flush=True)
+        print(
+            f"ready at {srv.base_url} after {srv.ready_seconds:.1f}s (log {a.log})",
+            flush=True,
+        )
         try:
             while srv.proc.poll() is None:
                 time.sleep(1)

@@ -100,15 +100,21 @@ ARCHITECTURES = {
     "qwen3_vl": "Qwen3VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
 }
-PROCESSOR_CLASSES = {"qwen3_vl": "Qwen3VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}
+PROCESSOR_CLASSES = {
+    "qwen3_vl": "Qwen3VLProcessor",
+    "qwen2_5_vl": "Qwen2_5_VLProcessor",
+}
 
 # The tiny Qwen2.5-VL: the sizes of cpu_support.tiny_sizes (tower, text),
 # with video positions at 2 tokens a second. Heads and kv heads divide by 2
 # (TP2); mrope 2+3+3 = head_dim / 2.
 TINY_QWEN2_5_VL_VISION = dict(TINY_QWEN2_5_VISION, tokens_per_second=2)
 TINY_QWEN2_5_VL_TEXT = dict(TINY_QWEN2_5_TEXT)
-TINY_QWEN2_5_VL_ROPE = {"rope_type": "default", "mrope_section": [2, 3, 3],
-                        "rope_theta": 1000000.0}
+TINY_QWEN2_5_VL_ROPE = {
+    "rope_type": "default",
+    "mrope_section": [2, 3, 3],
+    "rope_theta": 1000000.0,
+}
 
 
 def _check_family(family: str) -> str:
@@ -123,8 +129,7 @@ def token_ids() -> dict:
 
 def build_tokenizer():
     """Byte-level BPE, one token per byte, then the Qwen special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers import AddedToken
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     assert len(alphabet) == NUM_BYTES, len(alphabet)
@@ -145,8 +150,13 @@ def build_tokenizer():
 
 def tokenizer_config(family: str = DEFAULT_FAMILY) -> dict:
     _check_family(family)
-    vision = ["<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
-              "<|image_pad|>", "<|video_pad|>"]
+    vision = [
+        "<|vision_start|>",
+        "<|vision_end|>",
+        "<|vision_pad|>",
+        "<|image_pad|>",
+        "<|video_pad|>",
+    ]
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": 4096,
@@ -170,7 +180,10 @@ def model_config(family: str = DEFAULT_FAMILY) -> dict:
         from transformers import Qwen2_5_VLConfig
 
         return _model_config(
-            Qwen2_5_VLConfig, family, TINY_QWEN2_5_VL_TEXT, TINY_QWEN2_5_VL_ROPE,
+            Qwen2_5_VLConfig,
+            family,
+            TINY_QWEN2_5_VL_TEXT,
+            TINY_QWEN2_5_VL_ROPE,
             TINY_QWEN2_5_VL_VISION,
         )
     from transformers import Qwen3VLConfig
@@ -180,7 +193,9 @@ def model_config(family: str = DEFAULT_FAMILY) -> dict:
     return _model_config(Qwen3VLConfig, family, text, rope, TINY_VISION)
 
 
-def _model_config(config_cls, family: str, text: dict, rope: dict, vision: dict) -> dict:
+def _model_config(
+    config_cls, family: str, text: dict, rope: dict, vision: dict
+) -> dict:
     """``config_cls`` with the tiny ``text`` / ``vision`` sizes, the byte-level
     vocabulary and the Qwen special-token ids, as a config.json dict."""
     ids = token_ids()
@@ -213,9 +228,18 @@ def processor_configs(family: str = DEFAULT_FAMILY):
         common = _processor_common(TINY_QWEN2_5_VL_VISION, family)
         # Merge grid 28 pixels: 224x224 -> a 16x16 patch grid, 64 image tokens.
         size = {"shortest_edge": 28 * 28, "longest_edge": MAX_PIXELS}
-        image = dict(common, image_processor_type="Qwen2VLImageProcessorFast", size=size)
-        video = dict(common, video_processor_type="Qwen2VLVideoProcessor", size=dict(size),
-                     fps=2, min_frames=2, max_frames=8, do_sample_frames=False)
+        image = dict(
+            common, image_processor_type="Qwen2VLImageProcessorFast", size=size
+        )
+        video = dict(
+            common,
+            video_processor_type="Qwen2VLVideoProcessor",
+            size=dict(size),
+            fps=2,
+            min_frames=2,
+            max_frames=8,
+            do_sample_frames=False,
+        )
         return image, video
     common = _processor_common(TINY_VISION, family)
     image = dict(
@@ -290,7 +314,9 @@ def check_model_dir(path: str, family: str = DEFAULT_FAMILY) -> None:
         raise RuntimeError(f"AutoProcessor loaded {name}, expected {expected}")
     ids = token_ids()
     if proc.image_token_id != ids["<|image_pad|>"]:
-        raise RuntimeError(f"image token id {proc.image_token_id} != {ids['<|image_pad|>']}")
+        raise RuntimeError(
+            f"image token id {proc.image_token_id} != {ids['<|image_pad|>']}"
+        )
     special = set(proc.tokenizer.all_special_ids)
     for tok in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"):
         if ids[tok] not in special:
@@ -300,14 +326,21 @@ def check_model_dir(path: str, family: str = DEFAULT_FAMILY) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="model directory to write")
-    parser.add_argument("--family", choices=FAMILIES, default=DEFAULT_FAMILY,
-                        help="model family to write (default: %(default)s)")
-    parser.add_argument("--no-check", action="store_true",
-                        help="skip the AutoProcessor load check")
+    parser.add_argument(
+        "--family",
+        choices=FAMILIES,
+        default=DEFAULT_FAMILY,
+        help="model family to write (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-check", action="store_true", help="skip the AutoProcessor load check"
+    )
     args = parser.parse_args(argv)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
-        print(f"make_tiny_model: --out {args.out} exists and is not a directory",
-              file=sys.stderr)
+        print(
+            f"make_tiny_model: --out {args.out} exists and is not a directory",
+            file=sys.stderr,
+        )
         return 2
     make_tiny_model(args.out, check=not args.no_check, family=args.family)
     print(args.out)

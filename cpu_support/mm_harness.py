@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 import torch
-
 from cpu_support.tiny_qwen3_vl import image_item, tokens_per_image
 
 TEXT_BEFORE = 5  # text tokens before the first image of a request
@@ -344,7 +343,9 @@ def _decision_model_class():
 def decision_rows():
     import itertools
 
-    return list(itertools.product(DECISION_PLATFORMS, (False, True), (1, 2), ENCODER_KINDS))
+    return list(
+        itertools.product(DECISION_PLATFORMS, (False, True), (1, 2), ENCODER_KINDS)
+    )
 
 
 def decision_tables(rank, world_size, init_method):
@@ -358,11 +359,17 @@ def decision_tables(rank, world_size, init_method):
     ``decision_rows()`` (platform, flag, attention-TP, encoder kind).
     """
     from cpu_support import tiny_qwen3_vl as T
+
     from sglang.srt.managers import mm_schedule
-    from sglang.srt.multimodal import vit_batching, vision_warmup
+    from sglang.srt.multimodal import vision_warmup, vit_batching
     from sglang.srt.multimodal.mm_utils import hip_dp_encoder_batches_vit
     from sglang.srt.multimodal.modality import Modality
-    from sglang.srt.runtime_context import get_disagg, get_mm, get_parallel, override_platform
+    from sglang.srt.runtime_context import (
+        get_disagg,
+        get_mm,
+        get_parallel,
+        override_platform,
+    )
 
     # A one-rank process group, so that the gate's log_info_on_rank0 sees
     # rank 0 as a server's rank 0 would (no TP groups are built).
@@ -377,18 +384,27 @@ def decision_tables(rank, world_size, init_method):
         T.publish_cpu_context(tp_size=attn_tp, dp_encoder=flag, model_path=model_dir)
         model = DecisionModel({"dp": flag, "not-dp": False, "ignores-flag": None}[kind])
         vit_batching._logged_decisions.clear()  # as if a fresh process
-        with override_platform(**PLATFORMS[platform]), get_mm().override(mm_enable_dp_encoder=flag):
+        with override_platform(**PLATFORMS[platform]), get_mm().override(
+            mm_enable_dp_encoder=flag
+        ):
             first = len(records)
             # The scheduler's own gate, three times: one INFO line.
-            gates = {mm_schedule._batch_vit_across_requests(model.get_image_feature,
-                                                            Modality.IMAGE)
-                     for _ in range(3)}
-            tables["gate"][row] = (gates, hip_dp_encoder_batches_vit(model),
-                                   records[first:])
+            gates = {
+                mm_schedule._batch_vit_across_requests(
+                    model.get_image_feature, Modality.IMAGE
+                )
+                for _ in range(3)
+            }
+            tables["gate"][row] = (
+                gates,
+                hip_dp_encoder_batches_vit(model),
+                records[first:],
+            )
             for encoder_only in (False, True):
                 with get_disagg().override(encoder_only=encoder_only):
                     tables["warm_up"][row + (encoder_only,)] = (
-                        vision_warmup.vision_warm_up_decision(model))
+                        vision_warmup.vision_warm_up_decision(model)
+                    )
     # The guards after the condition, where everything else says warm.
     T.publish_cpu_context(tp_size=2, dp_encoder=True, model_path=model_dir)
     model = DecisionModel(True)

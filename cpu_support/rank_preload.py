@@ -10,9 +10,9 @@ from cpu_support.standins import prepare_cpu_process
 prepare_cpu_process()
 
 import torch  # noqa: E402,F401
+from cpu_support import mm_harness, tiny_qwen3_vl  # noqa: E402,F401
 
 import sglang.srt.managers.mm_schedule  # noqa: E402,F401
 import sglang.srt.models.qwen2_5_vl  # noqa: E402,F401
 import sglang.srt.models.qwen3_vl  # noqa: E402,F401
 import sglang.srt.multimodal.mm_utils  # noqa: E402,F401
-from cpu_support import mm_harness, tiny_qwen3_vl  # noqa: E402,F401

@@ -53,7 +53,10 @@ def _startup_env():
 
 def _context():
     global _forkserver_startup_env
-    if _forkserver_startup_env is not None and _startup_env() != _forkserver_startup_env:
+    if (
+        _forkserver_startup_env is not None
+        and _startup_env() != _forkserver_startup_env
+    ):
         return mp.get_context("spawn")
     _forkserver_startup_env = _startup_env()
     ctx = mp.get_context("forkserver")
@@ -110,8 +113,15 @@ def run_on_ranks(
         ctx.Process(
             target=_child,
             args=(
-                fn, r, world_size, init_method, args, kwargs, results,
-                threads_per_rank, dict(os.environ),
+                fn,
+                r,
+                world_size,
+                init_method,
+                args,
+                kwargs,
+                results,
+                threads_per_rank,
+                dict(os.environ),
             ),
             daemon=True,
         )
@@ -127,7 +137,11 @@ def run_on_ranks(
                 rank, ok, value = results.get(timeout=0.2)
             except queue.Empty:
                 for r, p in enumerate(procs):
-                    if r not in out and not p.is_alive() and p.exitcode not in (0, None):
+                    if (
+                        r not in out
+                        and not p.is_alive()
+                        and p.exitcode not in (0, None)
+                    ):
                         # Give a reporting rank a moment to flush its traceback.
                         try:
                             rank, ok, value = results.get(timeout=1.0)

@@ -27,7 +27,9 @@ def default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(previous)
 
 
-def fill_weights_(module: torch.nn.Module, seed: int = 0, device: Optional[str] = None) -> None:
+def fill_weights_(
+    module: torch.nn.Module, seed: int = 0, device: Optional[str] = None
+) -> None:
     """Deterministic, well-scaled random weights for every parameter.
 
     Norm weights get ~1, biases are small, everything else ~N(0, 1/fan_in) so
@@ -39,7 +41,9 @@ def fill_weights_(module: torch.nn.Module, seed: int = 0, device: Optional[str] 
     gen = torch.Generator(device=device or "cpu").manual_seed(seed)
     with torch.no_grad():
         for name, param in sorted(module.named_parameters(), key=lambda kv: kv[0]):
-            data = torch.randn(param.shape, generator=gen, device=gen.device, dtype=torch.float32)
+            data = torch.randn(
+                param.shape, generator=gen, device=gen.device, dtype=torch.float32
+            )
             if "norm" in name and name.endswith("weight"):
                 data = 1.0 + 0.05 * data
             elif name.endswith("bias"):

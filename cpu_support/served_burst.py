@@ -19,7 +19,9 @@ from cpu_support.cpu_server import CpuServer
 from cpu_support.sglang_trees import series_tree
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH_IMAGE_BURST = os.path.join(ROOT, "benchmark", "image_burst", "bench_image_burst.py")
+BENCH_IMAGE_BURST = os.path.join(
+    ROOT, "benchmark", "image_burst", "bench_image_burst.py"
+)
 
 
 def serve_and_burst(
@@ -41,24 +43,56 @@ def serve_and_burst(
     ``CompletedProcess``, the paths, and what ``while_up`` returned.
     """
     tree = series_tree()
-    srv = CpuServer(model, log_path=str(work / "server.log"), tp_size=2, dp_encoder=True,
-                    python_path=[tree], extra_args=["--enable-metrics"], ready_timeout=900,
-                    **(server_kwargs or {}))
+    srv = CpuServer(
+        model,
+        log_path=str(work / "server.log"),
+        tp_size=2,
+        dp_encoder=True,
+        python_path=[tree],
+        extra_args=["--enable-metrics"],
+        ready_timeout=900,
+        **(server_kwargs or {}),
+    )
     srv.start()
     pids = srv.pids()
     out_json, out_md = work / "burst.json", work / "burst.md"
     run = after = None
     try:
-        cmd = [sys.executable, BENCH_IMAGE_BURST,
-               "--base-url", srv.base_url, "--model", model, *burst_args,
-               "--server-log", srv.log_path,
-               "--server-flags", " ".join(srv.server_flags), "--sglang-target", tree,
-               "--out-json", str(out_json), "--out-md", str(out_md),
-               "--work-dir", str(work / "bench"), "--timeout", "600"]
+        cmd = [
+            sys.executable,
+            BENCH_IMAGE_BURST,
+            "--base-url",
+            srv.base_url,
+            "--model",
+            model,
+            *burst_args,
+            "--server-log",
+            srv.log_path,
+            "--server-flags",
+            " ".join(srv.server_flags),
+            "--sglang-target",
+            tree,
+            "--out-json",
+            str(out_json),
+            "--out-md",
+            str(out_md),
+            "--work-dir",
+            str(work / "bench"),
+            "--timeout",
+            "600",
+        ]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if while_up is not None:
             after = while_up(srv)
     finally:
         leftovers = srv.stop()
-    return {"srv": srv, "pids": pids, "leftovers": leftovers, "run": run, "work": work,
-            "json": out_json, "md": out_md, "while_up": after}
+    return {
+        "srv": srv,
+        "pids": pids,
+        "leftovers": leftovers,
+        "run": run,
+        "work": work,
+        "json": out_json,
+        "md": out_md,
+        "while_up": after,
+    }

@@ -53,12 +53,24 @@ def find_wheel(version: str = "0.5.23") -> str:
     dest = WHEEL_DIRS[0]
     os.makedirs(dest, exist_ok=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", dest,
-         f"sglang=={version}"], check=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "-d",
+            dest,
+            f"sglang=={version}",
+        ],
+        check=True,
     )
     hits = sorted(glob.glob(os.path.join(dest, f"sglang-{version}-*.whl")))
     if not hits:
-        raise TreeError(f"no sglang {version} wheel in {', '.join(WHEEL_DIRS)} and download failed")
+        raise TreeError(
+            f"no sglang {version} wheel in {', '.join(WHEEL_DIRS)} and download failed"
+        )
     return hits[0]
 
 
@@ -77,7 +89,9 @@ def _build(dest: str, fill, keep=lambda path: False) -> None:
 
 
 def _build_unlocked(dest: str, fill, keep) -> None:
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(dest) + ".tmp-", dir=os.path.dirname(dest))
+    tmp = tempfile.mkdtemp(
+        prefix=os.path.basename(dest) + ".tmp-", dir=os.path.dirname(dest)
+    )
     try:
         fill(tmp)
         if os.path.isdir(dest) and not keep(dest):
@@ -100,12 +114,19 @@ def _byte_compile(tree: str) -> None:
 def _unpack(wheel: str, dest: str) -> None:
     def fill(tmp):
         with zipfile.ZipFile(wheel) as z:
-            members = [m for m in z.namelist()
-                       if m.startswith("sglang/") or m.split("/")[0].endswith(".dist-info")]
+            members = [
+                m
+                for m in z.namelist()
+                if m.startswith("sglang/") or m.split("/")[0].endswith(".dist-info")
+            ]
             z.extractall(tmp, members)
         _byte_compile(tmp)
 
-    _build(dest, fill, keep=lambda d: os.path.isfile(os.path.join(d, "sglang", "version.py")))
+    _build(
+        dest,
+        fill,
+        keep=lambda d: os.path.isfile(os.path.join(d, "sglang", "version.py")),
+    )
 
 
 def series_status(target: str) -> dict:
@@ -114,7 +135,9 @@ def series_status(target: str) -> dict:
         raise TreeError(f"{SERIES_PY} is missing")
     out = subprocess.run(
         [sys.executable, SERIES_PY, "status", "--json", "--target", target],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
     return json.loads(out)
 
@@ -144,11 +167,16 @@ def series_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
 
     def fill(tmp):
         shutil.copytree(pristine, tmp, symlinks=True, dirs_exist_ok=True)
-        proc = subprocess.run([sys.executable, SERIES_PY, "apply", "--target", tmp],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, SERIES_PY, "apply", "--target", tmp],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
-            raise TreeError(f"series.py apply failed on a pristine {version} tree: "
-                            f"{(proc.stdout + proc.stderr).strip()}")
+            raise TreeError(
+                f"series.py apply failed on a pristine {version} tree: "
+                f"{(proc.stdout + proc.stderr).strip()}"
+            )
         _byte_compile(tmp)  # the patched and new files; the rest came compiled
 
     _build(dest, fill, keep=_carries_current_series)
@@ -165,11 +193,16 @@ def series_repo_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
     def fill(tmp):
         shutil.copytree(pristine, os.path.join(tmp, "python"), symlinks=True)
         os.makedirs(os.path.join(tmp, "test"))  # what makes it a repository root
-        proc = subprocess.run([sys.executable, SERIES_PY, "apply", "--target", tmp],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, SERIES_PY, "apply", "--target", tmp],
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
-            raise TreeError(f"series.py apply failed on a {version} repository tree: "
-                            f"{(proc.stdout + proc.stderr).strip()}")
+            raise TreeError(
+                f"series.py apply failed on a {version} repository tree: "
+                f"{(proc.stdout + proc.stderr).strip()}"
+            )
 
     _build(dest, fill, keep=_carries_current_series)
     return dest

@@ -71,9 +71,7 @@ def prepare_cpu_process() -> None:
     if "sglang.srt.utils.common" in sys.modules and os.environ.get(
         "SGLANG_USE_CPU_ENGINE"
     ):
-        raise RuntimeError(
-            "prepare_cpu_process() must run before sglang is imported"
-        )
+        raise RuntimeError("prepare_cpu_process() must run before sglang is imported")
     os.environ.pop("SGLANG_USE_CPU_ENGINE", None)
     os.environ["SGLANG_NCCL_SO_PATH"] = MISSING_NCCL_PATH
     install_vllm_custom_ops_standin()

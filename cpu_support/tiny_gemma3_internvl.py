@@ -15,7 +15,6 @@ and the model-parallel groups exist.
 from __future__ import annotations
 
 import torch
-
 from cpu_support.mm_harness import TEXT_BEFORE, TEXT_BETWEEN, Request, from_mm_inputs
 from cpu_support.tiny_vl_family import build_tiny_family_model
 
@@ -141,8 +140,13 @@ def pixel_requests(tiles_per_image, tokens_per_tile: int, *, seed: int, key: str
         for k, n in enumerate(tiles):
             span = n * tokens_per_tile
             items.append(
-                pixel_item(n, seed=seed * 100 + r * 10 + k, offset=pos, tokens=span,
-                           key=(key, seed, r, k))
+                pixel_item(
+                    n,
+                    seed=seed * 100 + r * 10 + k,
+                    offset=pos,
+                    tokens=span,
+                    key=(key, seed, r, k),
+                )
             )
             pos += span + TEXT_BETWEEN
         requests.append(from_mm_inputs(MultimodalInputs(mm_items=items), pos))
@@ -153,7 +157,12 @@ def gemma3_request(seed: int) -> Request:
     """A one-image Gemma3 request (image seed ``seed``)."""
     from sglang.srt.managers.schedule_batch import MultimodalInputs
 
-    item = pixel_item(1, seed=seed, offset=TEXT_BEFORE, tokens=GEMMA3_TOKENS_PER_IMAGE,
-                      key=("gemma3-gate-image", seed))
+    item = pixel_item(
+        1,
+        seed=seed,
+        offset=TEXT_BEFORE,
+        tokens=GEMMA3_TOKENS_PER_IMAGE,
+        key=("gemma3-gate-image", seed),
+    )
     length = TEXT_BEFORE + GEMMA3_TOKENS_PER_IMAGE + TEXT_BETWEEN
     return from_mm_inputs(MultimodalInputs(mm_items=[item]), length)

@@ -27,7 +27,6 @@ from cpu_support.standins import prepare_cpu_process
 prepare_cpu_process()
 
 import torch  # noqa: E402
-
 from cpu_support.seeded_model import default_dtype, fill_weights_  # noqa: E402
 from cpu_support.tiny_qwen3_vl import init_gloo, publish_cpu_context  # noqa: E402,F401
 
@@ -161,7 +160,9 @@ def build_tiny_kimi_k25(*, seed: int = 0, dtype=torch.float32):
         # The projector reads vt_hidden_size, as in the published checkpoints'
         # vision_config (the tower reads hidden_size; both are the tower width).
         vision_config=dict(
-            TINY_K25_VISION, vt_hidden_size=TINY_HIDDEN, text_hidden_size=TINY_TEXT_HIDDEN
+            TINY_K25_VISION,
+            vt_hidden_size=TINY_HIDDEN,
+            text_hidden_size=TINY_TEXT_HIDDEN,
         ),
         text_config=dict(hidden_size=TINY_TEXT_HIDDEN, vocab_size=1024),
     )
@@ -180,7 +181,9 @@ def build_tiny_kimi_k3(*, seed: int = 0, dtype=torch.float32):
 
     config = KimiK3Config(
         vision_config=dict(TINY_K3_VISION),
-        text_config=dict(hidden_size=TINY_K3_VISION["text_hidden_size"], vocab_size=1024),
+        text_config=dict(
+            hidden_size=TINY_K3_VISION["text_hidden_size"], vocab_size=1024
+        ),
     )
     _encoder_only_flags(config)
     with default_dtype(dtype):
@@ -210,10 +213,10 @@ def build_tiny_minimax_vl(*, seed: int = 0, dtype=torch.bfloat16):
     tower asserts. Its real ``__init__`` runs to the encoder-only return (the
     tower, ``use_data_parallel``; no MiniMax-M3 text model, LM head or logits
     processor); only the processor load is stood in (``_no_encoder_processor``)."""
+    from transformers import PretrainedConfig
+
     from sglang.srt.configs.minimax_vl import MiniMaxM3VLConfig
     from sglang.srt.models.minimax_m3_vl import MiniMaxM3SparseForConditionalGeneration
-
-    from transformers import PretrainedConfig
 
     # The text config goes in as a config object: under transformers 5 a
     # sub-config passed as a dict is kept as a dict (MiniMaxM3VLConfig declares

@@ -14,7 +14,6 @@ runtime context, so publish it (and build the gloo groups) first.
 from __future__ import annotations
 
 import torch
-
 from cpu_support.tiny_qwen3_vl import build_tiny_qwen3_vl
 from cpu_support.tiny_sizes import TINY_VISION
 
@@ -37,18 +36,35 @@ def tiny_qwen3_omni_thinker_config():
 
     config = Qwen3OmniMoeThinkerConfig(
         audio_config=dict(
-            num_mel_bins=MEL_BINS, encoder_layers=1, encoder_attention_heads=2,
-            encoder_ffn_dim=64, d_model=32, output_dim=HIDDEN, n_window=50,
-            n_window_infer=100, downsample_hidden_size=8, max_source_positions=64,
+            num_mel_bins=MEL_BINS,
+            encoder_layers=1,
+            encoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            d_model=32,
+            output_dim=HIDDEN,
+            n_window=50,
+            n_window_infer=100,
+            downsample_hidden_size=8,
+            max_source_positions=64,
         ),
         vision_config=dict(TINY_VISION),
         text_config=dict(
-            vocab_size=512, hidden_size=HIDDEN, intermediate_size=128,
-            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, pad_token_id=0, moe_intermediate_size=32, num_experts=4,
+            vocab_size=512,
+            hidden_size=HIDDEN,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            pad_token_id=0,
+            moe_intermediate_size=32,
+            num_experts=4,
             num_experts_per_tok=2,
-            rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3],
-                          "mrope_interleaved": True},
+            rope_scaling={
+                "rope_type": "default",
+                "mrope_section": [2, 3, 3],
+                "mrope_interleaved": True,
+            },
         ),
     )
     config.architectures = ["Qwen3OmniMoeThinkerForConditionalGeneration"]
@@ -72,22 +88,43 @@ def tiny_muse_spark_config():
 
     config = MuseSparkConfig(
         text_config=dict(
-            vocab_size=512, hidden_size=HIDDEN, intermediate_size=128,
-            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, mlp_layer_types=["dense"], sliding_window=64,
-            max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+            vocab_size=512,
+            hidden_size=HIDDEN,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            mlp_layer_types=["dense"],
+            sliding_window=64,
+            max_position_embeddings=512,
+            bos_token_id=1,
+            eos_token_id=2,
             pad_token_id=0,
         ),
         vision_config=dict(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-            num_attention_heads=2, patch_size=8, patch_temporal=2, merge_size=2,
-            pos_emb_height=4, pos_emb_width=4,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            patch_size=8,
+            patch_temporal=2,
+            merge_size=2,
+            pos_emb_height=4,
+            pos_emb_width=4,
         ),
-        audio_config=dict(depths=[1], hidden_sizes=[16], patch_sizes=[4],
-                          num_hidden_layers=1, out_hidden_size=HIDDEN),
+        audio_config=dict(
+            depths=[1],
+            hidden_sizes=[16],
+            patch_sizes=[4],
+            num_hidden_layers=1,
+            out_hidden_size=HIDDEN,
+        ),
         out_hidden_size=32 * 2 * 2,  # the vision width times the 2x2 merge
         projector_hidden_size=64,
-        image_token_id=300, video_token_id=301, audio_token_id=302,
+        image_token_id=300,
+        video_token_id=301,
+        audio_token_id=302,
         dtype="float32",
     )
     config.architectures = ["MuseSparkForConditionalGeneration"]

@@ -15,7 +15,6 @@ from cpu_support.standins import prepare_cpu_process
 prepare_cpu_process()
 
 import torch  # noqa: E402
-
 from cpu_support.seeded_model import default_dtype, fill_weights_  # noqa: E402,F401
 from cpu_support.tiny_sizes import TINY_TEXT, TINY_VISION  # noqa: E402,F401
 
@@ -158,7 +157,7 @@ def image_item(
     """
     from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
 
-    vision = (config.vision_config if config is not None else None)
+    vision = config.vision_config if config is not None else None
     in_ch = getattr(vision, "in_channels", TINY_VISION["in_channels"])
     tps = getattr(vision, "temporal_patch_size", TINY_VISION["temporal_patch_size"])
     ps = getattr(vision, "patch_size", TINY_VISION["patch_size"])

@@ -40,7 +40,11 @@ TINY_TEXT = dict(
     max_position_embeddings=4096,
     rms_norm_eps=1e-6,
     rope_theta=5000000.0,
-    rope_scaling={"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True},
+    rope_scaling={
+        "rope_type": "default",
+        "mrope_section": [2, 3, 3],
+        "mrope_interleaved": True,
+    },
     tie_word_embeddings=False,
     hidden_act="silu",
 )

@@ -15,7 +15,6 @@ context is published and the model-parallel groups exist.
 from __future__ import annotations
 
 import torch
-
 from cpu_support.tiny_qwen3_vl import TINY_VISION, build_tiny_qwen3_vl
 from cpu_support.tiny_sizes import TINY_QWEN2_5_VISION as _QWEN2_5_SERVER_VISION
 from cpu_support.tiny_sizes import TINY_TOWER
@@ -80,7 +79,12 @@ def _vision(**overrides) -> dict:
 
 
 def build_tiny_family_model(
-    config, model_cls, *, seed: int = 0, top_level=None, dtype: torch.dtype = torch.float32
+    config,
+    model_cls,
+    *,
+    seed: int = 0,
+    top_level=None,
+    dtype: torch.dtype = torch.float32,
 ):
     """``model_cls`` from ``config`` with seeded random weights on CPU, after
     setting ``top_level`` attributes on the config and naming the class as
@@ -189,9 +193,7 @@ TINY_QWEN2_5_TEXT = dict(
 
 def build_tiny_qwen2_5_vl(*, seed: int = 0, **top_level):
     """SGLang's ``Qwen2_5_VLForConditionalGeneration``, tiny, tower ``visual``."""
-    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import (
-        Qwen2_5_VLConfig,
-    )
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLConfig
 
     from sglang.srt.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 

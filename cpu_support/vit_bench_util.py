@@ -53,10 +53,14 @@ def parse_burst(spec: str) -> List[Tuple[int, int, int]]:
             w, h = size.lower().split("x")
             w, h, n = int(w), int(h), int(count)
         except ValueError:
-            raise ValueError(f"bad burst entry {part!r}: want WIDTHxHEIGHT:COUNT") from None
+            raise ValueError(
+                f"bad burst entry {part!r}: want WIDTHxHEIGHT:COUNT"
+            ) from None
         step = PATCH * MERGE
         if w <= 0 or h <= 0 or w % step or h % step:
-            raise ValueError(f"bad image size {w}x{h}: sides must be positive multiples of {step}")
+            raise ValueError(
+                f"bad image size {w}x{h}: sides must be positive multiples of {step}"
+            )
         if n <= 0:
             raise ValueError(f"bad count in {part!r}: must be positive")
         kinds.append((w, h, n))
@@ -155,7 +159,10 @@ class EncoderCallLog:
 
         def get_image_feature(model, items):
             calls.append(
-                [tuple(int(v) for v in it.image_grid_thw.reshape(-1).tolist()) for it in items]
+                [
+                    tuple(int(v) for v in it.image_grid_thw.reshape(-1).tolist())
+                    for it in items
+                ]
             )
             return original(items)
 
@@ -185,7 +192,9 @@ def _block_diagonal(total: int, bounds: Tuple[int, ...]):
     return allowed
 
 
-def _dense_masked_forward(self, q, k, v, bsz, cu_seqlens=None, attention_mask=None, **kwargs):
+def _dense_masked_forward(
+    self, q, k, v, bsz, cu_seqlens=None, attention_mask=None, **kwargs
+):
     """All packed sequences in one SDPA call under a block-diagonal mask."""
     import torch.nn.functional as F
 
@@ -240,7 +249,9 @@ def caps_arg(text: str) -> List[object]:
         try:
             value = int(part)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"bad cap {part!r}: want a positive integer or 'none'") from None
+            raise argparse.ArgumentTypeError(
+                f"bad cap {part!r}: want a positive integer or 'none'"
+            ) from None
         if value <= 0:
             raise argparse.ArgumentTypeError(f"bad cap {value}: must be positive")
         caps.append(value)
@@ -255,7 +266,9 @@ def burst_arg(text: str) -> List[Tuple[int, int, int]]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def check_run_args(parser: argparse.ArgumentParser, args, *, tower: bool = True) -> None:
+def check_run_args(
+    parser: argparse.ArgumentParser, args, *, tower: bool = True
+) -> None:
     """The checks every ViT benchmark makes on its common flags; with
     ``tower``, also on the tower-size flags of ``bench_vision``."""
     if args.repeats < 1:
@@ -266,7 +279,9 @@ def check_run_args(parser: argparse.ArgumentParser, args, *, tower: bool = True)
         if args.hidden % args.heads:
             parser.error("--hidden must be a multiple of --heads")
         if args.depth < 2:
-            parser.error("--depth must be at least 2 (the deepstack merger sits at depth // 2)")
+            parser.error(
+                "--depth must be at least 2 (the deepstack merger sits at depth // 2)"
+            )
 
 
 def bench_vision(depth: int, hidden: int, heads: int) -> Dict[str, object]:
@@ -283,7 +298,9 @@ def bench_vision(depth: int, hidden: int, heads: int) -> Dict[str, object]:
     )
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str = "") -> str:
+def markdown_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], align: str = ""
+) -> str:
     """A markdown table; ``align`` is one char per column, 'l' or 'r' (default r)."""
     align = (align or "l" + "r" * (len(headers) - 1)).ljust(len(headers), "r")
     sep = ["---" if a == "l" else "---:" for a in align]

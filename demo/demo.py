@@ -38,8 +38,18 @@ for path in (ROOT, IMAGE_BURST, HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-DEFAULTS = dict(runs=1, bursts=2, num_prompts=8, max_concurrency=8, image_resolution="224x224",
-                input_len=64, output_len=8, seed=42, seed_step=1, warmup_text_prompts=4)
+DEFAULTS = dict(
+    runs=1,
+    bursts=2,
+    num_prompts=8,
+    max_concurrency=8,
+    image_resolution="224x224",
+    input_len=64,
+    output_len=8,
+    seed=42,
+    seed_step=1,
+    warmup_text_prompts=4,
+)
 
 
 def parse(argv=None):
@@ -47,8 +57,11 @@ def parse(argv=None):
     for k, v in DEFAULTS.items():
         p.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
     p.add_argument("--out-dir", default=os.path.join(ROOT, "out", "demo"))
-    p.add_argument("--skip-ranks-demo", action="store_true",
-                   help="skip the in-process two-rank table")
+    p.add_argument(
+        "--skip-ranks-demo",
+        action="store_true",
+        help="skip the in-process two-rank table",
+    )
     return p.parse_args(argv)
 
 
@@ -106,15 +119,19 @@ def main(argv=None) -> int:
             first = (str(e).strip().splitlines() or [""])[0]
             term.say(f"demo: {type(e).__name__}: {first}")
             rc = 1
-        term.say(f"(demo wall time {time.monotonic() - t0:.0f} s; everything else it printed is in "
-                 f"{where}/demo.log, raw numbers in {where}/ab.json, tables in {where}/ab.md, "
-                 f"server logs in {where}/*.server.log)")
+        term.say(
+            f"(demo wall time {time.monotonic() - t0:.0f} s; everything else it printed is in "
+            f"{where}/demo.log, raw numbers in {where}/ab.json, tables in {where}/ab.md, "
+            f"server logs in {where}/*.server.log)"
+        )
     return rc
 
 
 def run(args, argv, term: Terminal) -> int:
     say = term.say
-    if not args.skip_ranks_demo and os.path.isfile(os.path.join(HERE, "demo_vit_ranks.py")):
+    if not args.skip_ranks_demo and os.path.isfile(
+        os.path.join(HERE, "demo_vit_ranks.py")
+    ):
         import demo_vit_ranks as R
 
         say("== In-process: SGLang's Qwen3-VL tower on two gloo ranks ==")
@@ -134,11 +151,23 @@ def run(args, argv, term: Terminal) -> int:
         say(f"demo: {str(e).splitlines()[0]}")
         return 1
     ab_argv = [
-        "--cpu", "--model-path", model, "--tp-size", "2", "--mm-enable-dp-encoder",
+        "--cpu",
+        "--model-path",
+        model,
+        "--tp-size",
+        "2",
+        "--mm-enable-dp-encoder",
         "--simulate-rocm-gate",
-        "--a-target", pristine, "--a-label", "pristine",
-        "--b-target", series, "--b-label", "series",
-        "--out-dir", args.out_dir,
+        "--a-target",
+        pristine,
+        "--a-label",
+        "pristine",
+        "--b-target",
+        series,
+        "--b-label",
+        "series",
+        "--out-dir",
+        args.out_dir,
     ]
     for k in DEFAULTS:
         ab_argv += ["--" + k.replace("_", "-"), str(getattr(args, k))]
@@ -151,7 +180,9 @@ def run(args, argv, term: Terminal) -> int:
         f"{args.image_resolution}, {args.input_len}/{args.output_len} tokens, seed {args.seed} "
         f"(+{args.seed_step} per burst: new images, so the encoder runs in every burst)"
     )
-    command = shlex.join(["demo/demo.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(
+        ["demo/demo.py", *(argv if argv is not None else sys.argv[1:])]
+    )
     try:
         builds = AB.describe_builds(ab_args)
         ab = AB.run_ab(ab_args, builds, echo=say, command=command)

@@ -27,19 +27,24 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cpu_support.ranks import run_on_ranks  # noqa: E402
 
-VISION = dict(depth=4, hidden_size=128, intermediate_size=256, num_heads=4, out_hidden_size=64)
+VISION = dict(
+    depth=4, hidden_size=128, intermediate_size=256, num_heads=4, out_hidden_size=64
+)
 
 
 def _rank(rank, world_size, init_method, requests, image, repeats, batched):
     import torch
-
     from cpu_support import mm_harness as H
     from cpu_support import tiny_qwen3_vl as T
+
     from sglang.srt.runtime_context import get_mm, override_platform
 
     config = T.tiny_qwen3_vl_config(vision=VISION)
     T.publish_cpu_context(
-        tp_size=world_size, rank=rank, dp_encoder=True, model_path=T.write_config_dir(config)
+        tp_size=world_size,
+        rank=rank,
+        dp_encoder=True,
+        model_path=T.write_config_dir(config),
     )
     T.init_gloo(rank, world_size, init_method)
     model = T.build_tiny_qwen3_vl(config, seed=1)
@@ -47,7 +52,11 @@ def _rank(rank, world_size, init_method, requests, image, repeats, batched):
     reqs = [H.make_request([grid], seed=i, config=config) for i in range(requests)]
     rocm = dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False)
     # Upstream on ROCm: per-request whatever the DP encoder says.
-    gate = contextlib.nullcontext() if batched else get_mm().override(mm_enable_dp_encoder=False)
+    gate = (
+        contextlib.nullcontext()
+        if batched
+        else get_mm().override(mm_enable_dp_encoder=False)
+    )
     times, calls = [], None
     with torch.no_grad(), override_platform(**rocm), gate:
         for step in range(repeats + 1):  # step 0 warms (compiles); not timed
@@ -67,7 +76,9 @@ def _rank(rank, world_size, init_method, requests, image, repeats, batched):
 def run(requests: int = 6, image: int = 224, repeats: int = 5):
     rows = []
     for batched in (False, True):
-        per_rank = run_on_ranks(_rank, 2, requests, image, repeats, batched, timeout=600)
+        per_rank = run_on_ranks(
+            _rank, 2, requests, image, repeats, batched, timeout=600
+        )
         step = [max(ts) for ts in zip(*(r["times"] for r in per_rank))]
         rows.append(
             {
@@ -97,9 +108,16 @@ def format_table(rows, requests, image, repeats) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--requests", type=int, default=6)
-    ap.add_argument("--image", type=int, default=224, help="square image side in pixels (multiple of 32)")
+    ap.add_argument(
+        "--image",
+        type=int,
+        default=224,
+        help="square image side in pixels (multiple of 32)",
+    )
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     if args.image % 32 or args.image <= 0:

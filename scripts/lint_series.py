@@ -66,9 +66,13 @@ def _reexec_in_venv() -> None:
         import isort  # noqa: F401
     except ImportError:
         venv_python = os.path.join(ROOT, ".venv", "bin", "python")
-        in_venv = os.path.realpath(sys.prefix) == os.path.realpath(os.path.join(ROOT, ".venv"))
+        in_venv = os.path.realpath(sys.prefix) == os.path.realpath(
+            os.path.join(ROOT, ".venv")
+        )
         if not in_venv and os.path.exists(venv_python):
-            os.execv(venv_python, [venv_python, os.path.abspath(__file__)] + sys.argv[1:])
+            os.execv(
+                venv_python, [venv_python, os.path.abspath(__file__)] + sys.argv[1:]
+            )
         sys.exit(
             "lint_series: black/isort are not installed; run `make setup` "
             "(it installs requirements/lint.txt into .venv)"
@@ -98,11 +102,19 @@ def check_versions() -> None:
     ruff_out = subprocess.run(
         [ruff_binary(), "--version"], capture_output=True, text=True, check=True
     ).stdout.split()
-    found = {"black": black.__version__, "isort": isort.__version__, "ruff": ruff_out[-1]}
-    wrong = [f"{k} {v} (pinned {pins.get(k)})" for k, v in found.items() if pins.get(k) != v]
+    found = {
+        "black": black.__version__,
+        "isort": isort.__version__,
+        "ruff": ruff_out[-1],
+    }
+    wrong = [
+        f"{k} {v} (pinned {pins.get(k)})" for k, v in found.items() if pins.get(k) != v
+    ]
     if wrong:
-        sys.exit(f"lint_series: not SGLang's linter versions: {', '.join(wrong)}; "
-                 f"install requirements/lint.txt")
+        sys.exit(
+            f"lint_series: not SGLang's linter versions: {', '.join(wrong)}; "
+            f"install requirements/lint.txt"
+        )
 
 
 def series_files(patches_dir: str = PATCHES, python_only: bool = True) -> List[str]:
@@ -111,7 +123,9 @@ def series_files(patches_dir: str = PATCHES, python_only: bool = True) -> List[s
     paths (``python/sglang/...``; ``test/...`` is not the package) or the
     older ``sglang/...``."""
     with open(os.path.join(patches_dir, "series")) as f:
-        names = [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+        names = [
+            ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")
+        ]
     seen: List[str] = []
     for name in names:
         with open(os.path.join(patches_dir, name)) as f:
@@ -119,7 +133,11 @@ def series_files(patches_dir: str = PATCHES, python_only: bool = True) -> List[s
                 m = re.match(r"^diff --git a/(\S+) b/(\S+)$", line.rstrip("\n"))
                 if not m or m.group(2).startswith("test/"):
                     continue
-                path = m.group(2)[len("python/"):] if m.group(2).startswith("python/") else m.group(2)
+                path = (
+                    m.group(2)[len("python/") :]
+                    if m.group(2).startswith("python/")
+                    else m.group(2)
+                )
                 if (path.endswith(".py") or not python_only) and path not in seen:
                     seen.append(path)
     return seen
@@ -169,13 +187,27 @@ def isort_format(source: str) -> str:
 def ruff_diagnostics(source: str, path: str) -> List[Tuple[int, str, str]]:
     """(line, code, message) for each ruff diagnostic of SGLang's selection."""
     proc = subprocess.run(
-        [ruff_binary(), "check", "--isolated", "--no-cache", f"--select={RUFF_SELECT}",
-         "--output-format=json", "--stdin-filename", path, "-"],
-        input=source, capture_output=True, text=True,
+        [
+            ruff_binary(),
+            "check",
+            "--isolated",
+            "--no-cache",
+            f"--select={RUFF_SELECT}",
+            "--output-format=json",
+            "--stdin-filename",
+            path,
+            "-",
+        ],
+        input=source,
+        capture_output=True,
+        text=True,
     )
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"ruff failed on {path}: {proc.stderr.strip()}")
-    return [(d["location"]["row"], d["code"], d["message"]) for d in json.loads(proc.stdout or "[]")]
+    return [
+        (d["location"]["row"], d["code"], d["message"])
+        for d in json.loads(proc.stdout or "[]")
+    ]
 
 
 @dataclass
@@ -240,19 +272,29 @@ def lint_file(rel: str, pristine_root: str, tree_root: str) -> FileVerdict:
     return verdict
 
 
-def render(verdict: FileVerdict, lines: Sequence[str], verbose: bool, kind: str = "") -> List[str]:
-    kind = kind or ("new file" if verdict.new else f"modified, {verdict.added} added lines")
+def render(
+    verdict: FileVerdict, lines: Sequence[str], verbose: bool, kind: str = ""
+) -> List[str]:
+    kind = kind or (
+        "new file" if verdict.new else f"modified, {verdict.added} added lines"
+    )
     if verdict.error:
         return [f"FAIL  {verdict.path} ({kind}): {verdict.error}"]
     if verdict.ok:
-        what = "black, isort, ruff clean" if verdict.new else "added lines pass black, isort, ruff"
+        what = (
+            "black, isort, ruff clean"
+            if verdict.new
+            else "added lines pass black, isort, ruff"
+        )
         return [f"ok    {verdict.path} ({kind}): {what}"]
     parts = []
     for tool in ("black", "isort", "ruff"):
         hits = [f for f in verdict.findings if f.tool == tool]
         if hits:
             codes = sorted({f.detail.split()[0] for f in hits if f.detail})
-            parts.append(f"{tool}{' ' + '/'.join(codes) if codes else ''} {_ranges([f.line for f in hits])}")
+            parts.append(
+                f"{tool}{' ' + '/'.join(codes) if codes else ''} {_ranges([f.line for f in hits])}"
+            )
     out = [f"FAIL  {verdict.path} ({kind}): {'; '.join(parts)}"]
     if verbose:
         for f in verdict.findings:
@@ -262,18 +304,42 @@ def render(verdict: FileVerdict, lines: Sequence[str], verbose: bool, kind: str 
     return out
 
 
-def lint_series(pristine_root: str, tree_root: str, files: Sequence[str]) -> List[FileVerdict]:
+def lint_series(
+    pristine_root: str, tree_root: str, files: Sequence[str]
+) -> List[FileVerdict]:
     return [lint_file(rel, pristine_root, tree_root) for rel in files]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tree", help="directory holding the patched sglang package (default: the series tree)")
-    p.add_argument("--pristine", help="directory holding the pristine sglang package (default: the 0.5.23 wheel's)")
-    p.add_argument("--patches", default=PATCHES, help="patches directory whose series names the files")
-    p.add_argument("-v", "--verbose", action="store_true", help="one line per offending line")
-    p.add_argument("--repo", action="store_true", help="lint this repository's own Python files, each entirely")
-    p.add_argument("--fix", action="store_true", help="with --repo: rewrite the files with isort and black first")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--tree",
+        help="directory holding the patched sglang package (default: the series tree)",
+    )
+    p.add_argument(
+        "--pristine",
+        help="directory holding the pristine sglang package (default: the 0.5.23 wheel's)",
+    )
+    p.add_argument(
+        "--patches",
+        default=PATCHES,
+        help="patches directory whose series names the files",
+    )
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="one line per offending line"
+    )
+    p.add_argument(
+        "--repo",
+        action="store_true",
+        help="lint this repository's own Python files, each entirely",
+    )
+    p.add_argument(
+        "--fix",
+        action="store_true",
+        help="with --repo: rewrite the files with isort and black first",
+    )
     args = p.parse_args(argv)
     if args.fix and not args.repo:
         p.error("--fix goes with --repo (the series is fixed in its patches)")
@@ -291,7 +357,9 @@ def main(argv=None) -> int:
         return report(pristine, tree, series_files(args.patches), args.verbose)
 
 
-def build_trees(work: str, patches_dir: str = PATCHES, version: str = "0.5.23") -> Tuple[str, str]:
+def build_trees(
+    work: str, patches_dir: str = PATCHES, version: str = "0.5.23"
+) -> Tuple[str, str]:
     """A pristine and a patched tree holding only what the series touches.
 
     The files come from the release wheel (``sglang_trees.find_wheel``); the
@@ -313,24 +381,44 @@ def build_trees(work: str, patches_dir: str = PATCHES, version: str = "0.5.23") 
                 z.extract(name, pristine)
     shutil.copytree(pristine, tree)
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "series.py"), "--series-dir",
-         patches_dir, "apply", "--target", tree],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "series.py"),
+            "--series-dir",
+            patches_dir,
+            "apply",
+            "--target",
+            tree,
+        ],
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
-        sys.exit(f"lint_series: series.py apply failed: {(proc.stdout + proc.stderr).strip()}")
+        sys.exit(
+            f"lint_series: series.py apply failed: {(proc.stdout + proc.stderr).strip()}"
+        )
     return pristine, tree
 
 
 def repo_files(root: str = ROOT) -> List[str]:
     """The repository's tracked Python files, relative to ``root``."""
     proc = subprocess.run(
-        ["git", "ls-files", "-z", "--", "*.py"], cwd=root, capture_output=True, text=True, check=True
+        ["git", "ls-files", "-z", "--", "*.py"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    return sorted(p for p in proc.stdout.split("\0") if p and os.path.isfile(os.path.join(root, p)))
+    return sorted(
+        p
+        for p in proc.stdout.split("\0")
+        if p and os.path.isfile(os.path.join(root, p))
+    )
 
 
-def lint_repo(files: Sequence[str], root: str = ROOT, fix: bool = False, verbose: bool = False) -> int:
+def lint_repo(
+    files: Sequence[str], root: str = ROOT, fix: bool = False, verbose: bool = False
+) -> int:
     """Each file judged entirely, as a file the series creates is."""
     failed = 0
     with tempfile.TemporaryDirectory(prefix="lint-repo-") as nothing:
@@ -350,8 +438,10 @@ def lint_repo(files: Sequence[str], root: str = ROOT, fix: bool = False, verbose
                 for line in render(verdict, lines, verbose, kind="whole file"):
                     print(line)
             failed += not verdict.ok
-    print(f"{'FAILED' if failed else 'ok'}: {failed} of {len(files)} file(s) of the repository fail SGLang's lint "
-          f"(black 24.10.0, isort 5.13.2 profile black, ruff 0.11.7 {RUFF_SELECT})")
+    print(
+        f"{'FAILED' if failed else 'ok'}: {failed} of {len(files)} file(s) of the repository fail SGLang's lint "
+        f"(black 24.10.0, isort 5.13.2 profile black, ruff 0.11.7 {RUFF_SELECT})"
+    )
     return 1 if failed else 0
 
 
@@ -368,8 +458,10 @@ def report(pristine: str, tree: str, files: Sequence[str], verbose: bool) -> int
         for line in render(verdict, lines, verbose):
             print(line)
         failed += not verdict.ok
-    print(f"{'FAILED' if failed else 'ok'}: {failed} file(s) fail SGLang's lint "
-          f"(black 24.10.0, isort 5.13.2 profile black, ruff 0.11.7 {RUFF_SELECT})")
+    print(
+        f"{'FAILED' if failed else 'ok'}: {failed} file(s) fail SGLang's lint "
+        f"(black 24.10.0, isort 5.13.2 profile black, ruff 0.11.7 {RUFF_SELECT})"
+    )
     return 1 if failed else 0
 
 

@@ -42,7 +42,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # cpu_support
 
 from cpu_support.cpu_server import SGLANG_TREE_ENV  # noqa: E402
-from cpu_support.sglang_trees import TreeError, pristine_tree, series_status  # noqa: E402
+from cpu_support.sglang_trees import (  # noqa: E402
+    TreeError,
+    pristine_tree,
+    series_status,
+)
 
 REPORT_ENV = "FORK_TEST_REPORT"  # read by conftest.py
 
@@ -60,11 +64,17 @@ def summarize(report: dict) -> dict:
     for nodeid, t in sorted(report["tests"].items()):
         counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
         if t["outcome"] == "passed":
-            (unmarked if t["control"] is None else controls).append((nodeid, t["control"]))
+            (unmarked if t["control"] is None else controls).append(
+                (nodeid, t["control"])
+            )
         elif t["control"] is not None and t["outcome"] in ("failed", "error"):
             failed_controls.append((nodeid, t["outcome"], t["control"]))
-    return {"counts": counts, "unmarked": unmarked, "controls": controls,
-            "failed_controls": failed_controls}
+    return {
+        "counts": counts,
+        "unmarked": unmarked,
+        "controls": controls,
+        "failed_controls": failed_controls,
+    }
 
 
 def uncollected_modules_with_controls(report: dict, root: str) -> list:
@@ -84,9 +94,13 @@ def uncollected_modules_with_controls(report: dict, root: str) -> list:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        description="Run the tests against pristine SGLang; list every test that passes there.")
-    p.add_argument("--log", default=os.path.join(ROOT, "out", "pristine", "pytest.log"),
-                   help="pytest's output (default: out/pristine/pytest.log)")
+        description="Run the tests against pristine SGLang; list every test that passes there."
+    )
+    p.add_argument(
+        "--log",
+        default=os.path.join(ROOT, "out", "pristine", "pytest.log"),
+        help="pytest's output (default: out/pristine/pytest.log)",
+    )
     p.add_argument("--python", default=sys.executable, help="the venv's python")
     a, pytest_args = p.parse_known_args(argv)
     try:
@@ -102,32 +116,49 @@ def main(argv=None) -> int:
     if os.path.exists(report_path):
         os.remove(report_path)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([tree] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [tree] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     env[SGLANG_TREE_ENV] = tree
     env[REPORT_ENV] = report_path
     # A module that imports a series-only module fails to collect on pristine:
     # count it as an error and run the rest.
-    cmd = [a.python, "-m", "pytest", "-q", "-rA", "--continue-on-collection-errors",
-           *pytest_args]
+    cmd = [
+        a.python,
+        "-m",
+        "pytest",
+        "-q",
+        "-rA",
+        "--continue-on-collection-errors",
+        *pytest_args,
+    ]
     print(f"pristine tree: {tree} (sglang {status.get('sglang_version')}, no series)")
     print(f"running: {' '.join(cmd)}  (log: {a.log})", flush=True)
     start = time.monotonic()
     with open(a.log, "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run(
+            cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     seconds = time.monotonic() - start
     if not os.path.exists(report_path):
         return _fail(f"pytest exited {proc.returncode} without a report; see {a.log}")
     if proc.returncode not in (0, 1):  # interrupted, usage error, nothing collected
-        return _fail(f"pytest exited {proc.returncode} (not a completed run); see {a.log}")
+        return _fail(
+            f"pytest exited {proc.returncode} (not a completed run); see {a.log}"
+        )
     with open(report_path) as f:
         report = json.load(f)
-    if not os.path.abspath(report["sglang_file"]).startswith(os.path.abspath(tree) + os.sep):
+    if not os.path.abspath(report["sglang_file"]).startswith(
+        os.path.abspath(tree) + os.sep
+    ):
         return _fail(f"pytest imported {report['sglang_file']}, not the pristine tree")
     s = summarize(report)
     uncollected = uncollected_modules_with_controls(report, ROOT)
     counts = ", ".join(f"{n} {k}" for k, n in sorted(s["counts"].items()))
     print(f"pristine run: {counts} in {seconds:.0f} s (pytest exit {proc.returncode})")
-    print(f"passed on pristine: {len(s['unmarked'])} unmarked, {len(s['controls'])} controls")
+    print(
+        f"passed on pristine: {len(s['unmarked'])} unmarked, {len(s['controls'])} controls"
+    )
     for nodeid, _ in s["unmarked"]:
         print(f"  UNMARKED {nodeid}")
     for nodeid, reason in s["controls"]:
@@ -137,7 +168,9 @@ def main(argv=None) -> int:
     for nodeid, outcome, reason in s["failed_controls"]:
         print(f"  FAILED   {nodeid}  ({outcome})  -- {reason}")
     for nodeid in uncollected:
-        print(f"  FAILED   {nodeid}  (not collected; the module marks controls, none ran)")
+        print(
+            f"  FAILED   {nodeid}  (not collected; the module marks controls, none ran)"
+        )
     return 1 if s["unmarked"] or failing else 0
 
 

@@ -167,7 +167,9 @@ def _git_env(isolated: bool = False, ceiling: Path | None = None, **extra) -> di
     return env
 
 
-def _git(args, cwd, env=None, check=True, input_bytes=None) -> subprocess.CompletedProcess:
+def _git(
+    args, cwd, env=None, check=True, input_bytes=None
+) -> subprocess.CompletedProcess:
     try:
         proc = subprocess.run(
             ["git", *args],
@@ -177,7 +179,9 @@ def _git(args, cwd, env=None, check=True, input_bytes=None) -> subprocess.Comple
             capture_output=True,
         )
     except FileNotFoundError:
-        raise SeriesError("git not found on PATH (the tool drives git apply/am/format-patch)")
+        raise SeriesError(
+            "git not found on PATH (the tool drives git apply/am/format-patch)"
+        )
     if check and proc.returncode != 0:
         msg = _first_error_line(proc)
         raise SeriesError(f"git {args[0]} failed in {cwd}: {msg}")
@@ -213,7 +217,9 @@ class Hunk:
 
 @dataclass
 class FileDiff:
-    old: str | None  # None for a new file; repository form (python/sglang/..., test/...)
+    old: (
+        str | None
+    )  # None for a new file; repository form (python/sglang/..., test/...)
     new: str | None  # None for a deleted file
     hunks: list[Hunk] = field(default_factory=list)
     start: int = 0  # where this file's "diff --git" section starts in the patch text
@@ -283,7 +289,9 @@ def _canonical(path: str, where: str) -> tuple[str, bool]:
         parts = [CODE, *parts]
     if parts[0] == CODE and len(parts) >= 3 and parts[1] == PKG:
         if parts[2] in (STAMP_DIR, PARTIAL_DIR):
-            raise SeriesError(f"{where}: path {path!r} is inside the series' own stamp directory")
+            raise SeriesError(
+                f"{where}: path {path!r} is inside the series' own stamp directory"
+            )
         return "/".join(parts), legacy
     if parts[0] == TESTS and len(parts) >= 2:
         return path, False
@@ -350,8 +358,14 @@ def parse_patch(name: str, data: bytes) -> Patch:
                 canon, legacy = _canonical(raw, name)
                 setattr(f, attr, canon)
                 forms.add(legacy)
-        if f.old and f.new and f.old.startswith(TESTS + "/") != f.new.startswith(TESTS + "/"):
-            raise SeriesError(f"{name}: {f.old} -> {f.new} moves a file between {CODE}/ and {TESTS}/")
+        if (
+            f.old
+            and f.new
+            and f.old.startswith(TESTS + "/") != f.new.startswith(TESTS + "/")
+        ):
+            raise SeriesError(
+                f"{name}: {f.old} -> {f.new} moves a file between {CODE}/ and {TESTS}/"
+            )
     if len(forms) > 1:
         raise SeriesError(
             f"{name}: mixes {PKG}/... paths with {CODE}/{PKG}/... or {TESTS}/... paths; "
@@ -391,10 +405,19 @@ def load_series(series_dir: Path) -> Series:
     for name in names:
         p = series_dir / name
         if not p.is_file():
-            raise SeriesError(f"patch {name!r} listed in {series_dir / 'series'} does not exist")
+            raise SeriesError(
+                f"patch {name!r} listed in {series_dir / 'series'} does not exist"
+            )
         data = p.read_bytes()
         patches.append(parse_patch(name, data))
-        h.update(b"\0patch\0" + name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+        h.update(
+            b"\0patch\0"
+            + name.encode()
+            + b"\0"
+            + str(len(data)).encode()
+            + b"\0"
+            + data
+        )
     # (Older versions of this tool also hashed "overlay" files here; with none,
     # the hash is the same, so a patch-only series stays "already applied".)
     return Series(series_dir, header, patches, h.hexdigest())
@@ -404,7 +427,9 @@ def load_series(series_dir: Path) -> Series:
 # the target
 # --------------------------------------------------------------------------
 
-_VERSION_RE = re.compile(r"""^__version__\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
+_VERSION_RE = re.compile(
+    r"""^__version__\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M
+)
 
 
 @dataclass
@@ -521,7 +546,9 @@ def _stamp_base(stamp_dir: Path, stamp: dict) -> Path:
     """The directory the stamp's paths are relative to (stamp_dir is
     <package>/.fork-series or its .partial twin)."""
     pkg_dir = stamp_dir.parent
-    return pkg_dir.parent.parent if _stamp_layout(stamp) == LAYOUT_REPO else pkg_dir.parent
+    return (
+        pkg_dir.parent.parent if _stamp_layout(stamp) == LAYOUT_REPO else pkg_dir.parent
+    )
 
 
 def _stamp_rel(target: Target, stamp: dict, rel: str) -> str | None:
@@ -627,7 +654,9 @@ def _describe(patch: Patch, output: str, rel=lambda path: path) -> list[str]:
             if idx is None:
                 problems.append(f"{path} hunk at line {ln} does not apply")
             else:
-                problems.append(f"{path} hunk #{idx + 1} ({hunks[idx].header}) does not apply")
+                problems.append(
+                    f"{path} hunk #{idx + 1} ({hunks[idx].header}) does not apply"
+                )
     problems.extend(other)
     if not problems:
         tail = output.strip().splitlines()
@@ -645,7 +674,9 @@ def _patch_for(target: Target, patch: Patch) -> tuple[bytes | None, list[str]]:
     its path options; None when nothing of the patch belongs in the target
     (a patch of test files only, for a target without test/)."""
     if patch.legacy:
-        return patch.data, ([f"--directory={CODE}"] if target.layout == LAYOUT_REPO else [])
+        return patch.data, (
+            [f"--directory={CODE}"] if target.layout == LAYOUT_REPO else []
+        )
     if target.layout == LAYOUT_REPO:
         return patch.data, []
     code = [f for f in patch.files if not f.is_test]
@@ -654,7 +685,9 @@ def _patch_for(target: Target, patch: Patch) -> tuple[bytes | None, list[str]]:
     data = patch.data
     if len(code) < len(patch.files):
         text = data.decode("utf-8", "surrogateescape")
-        kept = text[: patch.files[0].start] + "".join(text[f.start : f.end] for f in code)
+        kept = text[: patch.files[0].start] + "".join(
+            text[f.start : f.end] for f in code
+        )
         data = kept.encode("utf-8", "surrogateescape")
     return data, ["-p2"]  # a/python/sglang/... -> sglang/...
 
@@ -685,7 +718,14 @@ def stage_series(
         pfile = work / f"patch-{i:03d}.patch"
         pfile.write_bytes(data)
         proc = _git(
-            ["apply", "--reject", "--whitespace=nowarn", "--verbose", *opts, str(pfile)],
+            [
+                "apply",
+                "--reject",
+                "--whitespace=nowarn",
+                "--verbose",
+                *opts,
+                str(pfile),
+            ],
             cwd=tree,
             env=env,
             check=False,
@@ -697,7 +737,11 @@ def stage_series(
                 rej.unlink()
         if proc.returncode != 0:
             output = _err(proc) + "\n" + _out(proc)
-            failures.append(Failure(patch.name, _describe(patch, output, lambda p: target.rel(p) or p)))
+            failures.append(
+                Failure(
+                    patch.name, _describe(patch, output, lambda p: target.rel(p) or p)
+                )
+            )
     return tree, failures
 
 
@@ -715,7 +759,9 @@ def _created_by(target: Target, stamp: dict | None) -> set[str]:
     return {r for r in (_stamp_rel(target, stamp, c) for c in created) if r is not None}
 
 
-def _pristine_sources(target: Target, series: Series, stamp: dict | None) -> dict[str, Path]:
+def _pristine_sources(
+    target: Target, series: Series, stamp: dict | None
+) -> dict[str, Path]:
     """Where each touched file's upstream bytes are: in the target, in the
     backups of the applied series, or nowhere (a file that does not exist
     upstream, including every file the applied series created). Keys are
@@ -782,7 +828,9 @@ def cmd_check(args) -> int:
             file=sys.stderr,
         )
     if stamp:
-        print(f"note: a series is applied to {target.root}; checking against its upstream backups")
+        print(
+            f"note: a series is applied to {target.root}; checking against its upstream backups"
+        )
     skipped = _tests_skipped_line(target, series)
     if skipped:
         print(f"note: {skipped}")
@@ -798,7 +846,9 @@ def cmd_check(args) -> int:
             file=sys.stderr,
         )
         return EXIT_CHECK_FAILED
-    print(f"ok: {len(series.patches)} patch(es) apply cleanly to sglang {version} at {target.root}")
+    print(
+        f"ok: {len(series.patches)} patch(es) apply cleanly to sglang {version} at {target.root}"
+    )
     return 0
 
 
@@ -903,7 +953,9 @@ def _commit_apply(target: Target, series: Series, version, tree) -> None:
         "files": files,
         "created_dirs": created_dirs,
         "sglang_version": version,
-        "applied_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "applied_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec="seconds"
+        ),
     }
     if target.layout == LAYOUT_REPO:
         # Paths relative to the repository root; a stamp without this key has
@@ -919,7 +971,9 @@ def _commit_apply(target: Target, series: Series, version, tree) -> None:
                 b = partial / ORIGINALS / entry["path"]
                 b.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(root / entry["path"], b)
-        (partial / STAMP_FILE).write_text(json.dumps(stamp, indent=2) + "\n", encoding="utf-8")
+        (partial / STAMP_FILE).write_text(
+            json.dumps(stamp, indent=2) + "\n", encoding="utf-8"
+        )
         for n, (src, dst) in enumerate(writes):
             if fail_after is not None and n >= fail_after:
                 raise OSError(f"injected failure after {n} file(s) ({_FAULT_ENV})")
@@ -930,13 +984,19 @@ def _commit_apply(target: Target, series: Series, version, tree) -> None:
         os.rename(partial, stamp_dir)
     except BaseException as exc:
         problem = _undo(root, partial, stamp)
-        detail = f"{type(exc).__name__}: {exc}" if not isinstance(exc, SeriesError) else str(exc)
+        detail = (
+            f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, SeriesError)
+            else str(exc)
+        )
         if problem:
             raise SeriesError(
                 f"apply failed while writing the target ({detail}) and the rollback failed too "
                 f"({problem}); backups are kept in {partial}"
             )
-        raise SeriesError(f"apply failed while writing the target ({detail}); target rolled back")
+        raise SeriesError(
+            f"apply failed while writing the target ({detail}); target rolled back"
+        )
 
 
 def _undo(base: Path, stamp_dir: Path, stamp: dict) -> str | None:
@@ -951,7 +1011,11 @@ def _undo(base: Path, stamp_dir: Path, stamp: dict) -> str | None:
                 if b.is_file():
                     dst.parent.mkdir(parents=True, exist_ok=True)
                     _restore(b, dst)
-                elif dst.exists() and entry.get("applied_sha256") and _sha(dst) == entry["applied_sha256"]:
+                elif (
+                    dst.exists()
+                    and entry.get("applied_sha256")
+                    and _sha(dst) == entry["applied_sha256"]
+                ):
                     problem = problem or f"no backup of {entry['path']}"
             elif dst.is_file() or dst.is_symlink():
                 dst.unlink()
@@ -992,12 +1056,16 @@ def cmd_revert(args) -> int:
     if where is partial and not (partial / STAMP_FILE).is_file():
         # apply was interrupted while saving backups, before it wrote anything.
         shutil.rmtree(partial)
-        print(f"removed the leftovers of an interrupted apply ({partial}); target was not modified")
+        print(
+            f"removed the leftovers of an interrupted apply ({partial}); target was not modified"
+        )
         return 0
     try:
         stamp = json.loads((where / STAMP_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise SeriesError(f"unreadable stamp {where / STAMP_FILE}: {exc}; cannot revert safely")
+        raise SeriesError(
+            f"unreadable stamp {where / STAMP_FILE}: {exc}; cannot revert safely"
+        )
     base = _stamp_base(where, stamp)
     missing = [
         e["path"]
@@ -1005,7 +1073,9 @@ def cmd_revert(args) -> int:
         if e["existed"] and not (where / ORIGINALS / e["path"]).is_file()
     ]
     if missing and where is stamp_dir:
-        raise SeriesError(f"the backup of {missing[0]} is missing from {where}; cannot revert safely")
+        raise SeriesError(
+            f"the backup of {missing[0]} is missing from {where}; cannot revert safely"
+        )
     modified = []
     for e in stamp["files"]:
         dst = base / e["path"]
@@ -1028,7 +1098,9 @@ def cmd_status(args) -> int:
     target, version, stamp, series = _open_target(args)
     applied = stamp is not None
     current = bool(
-        stamp and stamp["series_hash"] == series.hash and _stamp_layout(stamp) == target.layout
+        stamp
+        and stamp["series_hash"] == series.hash
+        and _stamp_layout(stamp) == target.layout
     )
     skipped = _tests_skipped_line(target, series)
     info = {
@@ -1050,7 +1122,9 @@ def cmd_status(args) -> int:
     print(f"target:  {target.root} ({target.layout})")
     print(f"sglang:  {version or 'unknown version'} ({base})")
     if not applied:
-        print(f"series:  not applied (current series {series.hash[:12]}, {len(series.patches)} patch(es))")
+        print(
+            f"series:  not applied (current series {series.hash[:12]}, {len(series.patches)} patch(es))"
+        )
     elif current:
         print(f"series:  applied, the current series ({series.hash[:12]})")
     elif stamp["series_hash"] == series.hash:
@@ -1123,7 +1197,12 @@ def _inside_work_tree_with_commits(d: Path) -> str | None:
     proc = _git(["rev-parse", "--show-toplevel"], cwd=d, env=env, check=False)
     if proc.returncode != 0:
         return None
-    if _git(["rev-parse", "--verify", "-q", "HEAD"], cwd=d, env=env, check=False).returncode != 0:
+    if (
+        _git(
+            ["rev-parse", "--verify", "-q", "HEAD"], cwd=d, env=env, check=False
+        ).returncode
+        != 0
+    ):
         return None
     return _out(proc).strip()
 
@@ -1132,12 +1211,16 @@ def _ensure_identity(repo: Path) -> None:
     if _git(["var", "GIT_COMMITTER_IDENT"], cwd=repo, check=False).returncode != 0:
         _git(["config", "user.name", FALLBACK_IDENT[0]], cwd=repo)
         _git(["config", "user.email", FALLBACK_IDENT[1]], cwd=repo)
-        print(f"note: no git identity configured; set user.name/user.email to {FALLBACK_IDENT} in {repo}")
+        print(
+            f"note: no git identity configured; set user.name/user.email to {FALLBACK_IDENT} in {repo}"
+        )
 
 
 def _mktree(repo: Path, entries: dict[str, str]) -> str:
     """A tree object of subtrees (name -> tree sha)."""
-    spec = "".join(f"040000 tree {sha}\t{name}\n" for name, sha in sorted(entries.items()))
+    spec = "".join(
+        f"040000 tree {sha}\t{name}\n" for name, sha in sorted(entries.items())
+    )
     return _out(_git(["mktree"], cwd=repo, input_bytes=spec.encode())).strip()
 
 
@@ -1156,18 +1239,32 @@ def _commit_pristine(
     git_dir = str(repo / ".git")
     if source.layout == LAYOUT_REPO:
         tests_dir = source.root / TESTS
-        has_tests = tests_dir.is_dir() and any(p.is_file() for p in tests_dir.rglob("*"))
+        has_tests = tests_dir.is_dir() and any(
+            p.is_file() for p in tests_dir.rglob("*")
+        )
         spec = [_CODE_PKG, *([TESTS] if has_tests else []), *_NOT_TRACKED]
     else:
         spec = [PKG, *[s.replace(f"{_CODE_PKG}/", f"{PKG}/") for s in _NOT_TRACKED]]
     with tempfile.TemporaryDirectory(prefix="series-index-") as tmp:
         env = _git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
         _git(
-            ["--git-dir", git_dir, "--work-tree", str(source.root), "add", "-A", "-f", "--", *spec],
+            [
+                "--git-dir",
+                git_dir,
+                "--work-tree",
+                str(source.root),
+                "add",
+                "-A",
+                "-f",
+                "--",
+                *spec,
+            ],
             cwd=source.root,
             env=env,
         )
-        tree = _out(_git(["--git-dir", git_dir, "write-tree"], cwd=source.root, env=env)).strip()
+        tree = _out(
+            _git(["--git-dir", git_dir, "write-tree"], cwd=source.root, env=env)
+        ).strip()
     if source.layout == LAYOUT_REPO:
         code, tests = _subtree(repo, tree, _CODE_PKG), _subtree(repo, tree, TESTS)
     else:
@@ -1198,9 +1295,15 @@ def _commit_pristine(
 
 
 def _require_imported(repo: Path) -> None:
-    if _own_git_dir(repo) is None or _git(
-        ["rev-parse", "--verify", "-q", f"refs/heads/{UPSTREAM_BRANCH}"], cwd=repo, check=False
-    ).returncode != 0:
+    if (
+        _own_git_dir(repo) is None
+        or _git(
+            ["rev-parse", "--verify", "-q", f"refs/heads/{UPSTREAM_BRANCH}"],
+            cwd=repo,
+            check=False,
+        ).returncode
+        != 0
+    ):
         raise SeriesError(
             f"{repo} is not an imported series repository (no `{UPSTREAM_BRANCH}` branch); "
             f"run `series.py import --target {repo}` first"
@@ -1217,7 +1320,10 @@ def _require_imported(repo: Path) -> None:
             f"series.py, with sglang/ at the top); import a pristine tree again"
         )
     dirty = _out(
-        _git(["status", "--porcelain", "--untracked-files=no", "--", _CODE_PKG, TESTS], cwd=repo)
+        _git(
+            ["status", "--porcelain", "--untracked-files=no", "--", _CODE_PKG, TESTS],
+            cwd=repo,
+        )
     ).strip()
     if dirty:
         first = dirty.splitlines()[0][3:]
@@ -1259,7 +1365,14 @@ def _to_repo_form(patch: Patch) -> bytes:
             if line.startswith("@@ "):
                 in_hunks = True
             else:
-                for prefix in ("--- a/", "+++ b/", "rename from ", "rename to ", "copy from ", "copy to "):
+                for prefix in (
+                    "--- a/",
+                    "+++ b/",
+                    "rename from ",
+                    "rename to ",
+                    "copy from ",
+                    "copy to ",
+                ):
                     if line.startswith(prefix + old):
                         line = prefix + new + line[len(prefix) + len(old) :]
                         break
@@ -1289,7 +1402,8 @@ def cmd_import(args) -> int:
         others = sorted(
             e.name
             for e in given.iterdir()
-            if e.name != PKG and not e.name.startswith(".")
+            if e.name != PKG
+            and not e.name.startswith(".")
             and not (e.name.startswith(f"{PKG}-") and e.name.endswith(".dist-info"))
         )
         if others:
@@ -1354,11 +1468,22 @@ def cmd_import(args) -> int:
             else:
                 # No 3-way merge was possible (e.g. the patch's base blobs are
                 # not in this tree): say which hunks do not apply.
-                what = "; ".join(
-                    _describe(series.patches[index], _err(
-                        _git(["apply", "--check", "-v", str(files[index])], cwd=repo, check=False)
-                    ))
-                ) if index is not None else "see `git am --show-current-patch=diff`"
+                what = (
+                    "; ".join(
+                        _describe(
+                            series.patches[index],
+                            _err(
+                                _git(
+                                    ["apply", "--check", "-v", str(files[index])],
+                                    cwd=repo,
+                                    check=False,
+                                )
+                            ),
+                        )
+                    )
+                    if index is not None
+                    else "see `git am --show-current-patch=diff`"
+                )
             raise SeriesError(
                 f"patch {name} does not apply to sglang {version} ({what}); resolve it in {repo} "
                 f"(`git am --show-current-patch=diff` shows the patch), `git add` the files, "
@@ -1387,17 +1512,38 @@ def cmd_export(args) -> int:
     _require_imported(repo)
     series_dir = Path(args.series_dir).resolve()
     commits = _out(
-        _git(["rev-list", "--reverse", "--topo-order", f"{UPSTREAM_BRANCH}..HEAD"], cwd=repo)
+        _git(
+            ["rev-list", "--reverse", "--topo-order", f"{UPSTREAM_BRANCH}..HEAD"],
+            cwd=repo,
+        )
     ).split()
-    merges = _out(_git(["rev-list", "--merges", f"{UPSTREAM_BRANCH}..HEAD"], cwd=repo)).split()
+    merges = _out(
+        _git(["rev-list", "--merges", f"{UPSTREAM_BRANCH}..HEAD"], cwd=repo)
+    ).split()
     if merges:
-        raise SeriesError(f"upstream..HEAD holds merge commit {merges[0][:12]}; a series must be linear")
+        raise SeriesError(
+            f"upstream..HEAD holds merge commit {merges[0][:12]}; a series must be linear"
+        )
 
     def changed(c: str) -> list[str]:
-        out = _git(["diff-tree", "-r", "--no-commit-id", "--name-only", "-z", "--no-renames", c], cwd=repo)
+        out = _git(
+            [
+                "diff-tree",
+                "-r",
+                "--no-commit-id",
+                "--name-only",
+                "-z",
+                "--no-renames",
+                c,
+            ],
+            cwd=repo,
+        )
         return [p for p in _out(out).split("\0") if p]
 
-    subjects = {c: _out(_git(["log", "-1", "--format=%s", c], cwd=repo)).strip() for c in commits}
+    subjects = {
+        c: _out(_git(["log", "-1", "--format=%s", c], cwd=repo)).strip()
+        for c in commits
+    }
     touched = {c: changed(c) for c in commits}
     for c in commits:
         if not touched[c]:
@@ -1424,15 +1570,23 @@ def cmd_export(args) -> int:
         used.add(name)
         proc = _git(
             [
-                "-c", "core.abbrev=7",
-                "format-patch", "--stdout", "--no-numbered", "--zero-commit", "--no-signature",
-                "--no-stat", "--diff-algorithm=myers",
+                "-c",
+                "core.abbrev=7",
+                "format-patch",
+                "--stdout",
+                "--no-numbered",
+                "--zero-commit",
+                "--no-signature",
+                "--no-stat",
+                "--diff-algorithm=myers",
                 f"{c}^..{c}",
             ],
             cwd=repo,
             env=fmt_env,
         )
-        parse_patch(name + ".patch", proc.stdout)  # its paths are ones the series may name
+        parse_patch(
+            name + ".patch", proc.stdout
+        )  # its paths are ones the series may name
         patches.append((name + ".patch", proc.stdout))
 
     # All computed; now write.
@@ -1450,11 +1604,17 @@ def cmd_export(args) -> int:
             os.replace(tmp, dst)
             written.append(name)
     new_names = [n for n, _ in patches]
-    series_text = "".join(h + "\n" for h in header) + "".join(n + "\n" for n in new_names)
+    series_text = "".join(h + "\n" for h in header) + "".join(
+        n + "\n" for n in new_names
+    )
     (series_dir / "series").write_text(series_text, encoding="utf-8")
     removed = []
     for old in old_names:
-        if old not in new_names and old.endswith(".patch") and (series_dir / old).is_file():
+        if (
+            old not in new_names
+            and old.endswith(".patch")
+            and (series_dir / old).is_file()
+        ):
             (series_dir / old).unlink()
             removed.append(old)
     print(
@@ -1496,7 +1656,10 @@ def cmd_rebase(args) -> int:
             m = re.search(r"^Could not apply [0-9a-f]+\.\.\. (.*)$", text, re.M)
             subject = m.group(1).strip() if m else None
         files = _conflicted(repo)
-        if not (repo / ".git" / "rebase-merge").exists() and not (repo / ".git" / "rebase-apply").exists():
+        if (
+            not (repo / ".git" / "rebase-merge").exists()
+            and not (repo / ".git" / "rebase-apply").exists()
+        ):
             _git(["branch", "-f", UPSTREAM_BRANCH, old], cwd=repo, check=False)
             raise SeriesError(f"git rebase failed in {repo}: {_first_error_line(proc)}")
         what = f"patch {slug(subject)}.patch" if subject else "a patch"
@@ -1588,9 +1751,13 @@ def build_parser() -> argparse.ArgumentParser:
         "git apply, and only if all applied copy the results (new files included) into the\n"
         f"target. Byte-exact backups and stamp.json go to <package>/{STAMP_DIR}/.\n"
         "A target holding sglang/ gets the code only; a repository root the tests too.\n"
-        "Applying the same series again is a no-op (\"already applied\").",
+        'Applying the same series again is a no-op ("already applied").',
     )
-    sp.add_argument("--force", action="store_true", help="skip the supported-version check (only that)")
+    sp.add_argument(
+        "--force",
+        action="store_true",
+        help="skip the supported-version check (only that)",
+    )
     sp.add_argument(
         "--replace",
         action="store_true",
@@ -1603,7 +1770,7 @@ def build_parser() -> argparse.ArgumentParser:
         "restore the upstream files byte-identically and remove the files the series created",
         "Restore every file the series changed from its backup, remove the files and\n"
         "directories it created (also the overlay files that older versions of this tool\n"
-        "copied in), and remove the stamp. \"not applied\" (exit 0) if none.",
+        'copied in), and remove the stamp. "not applied" (exit 0) if none.',
     )
     sp = add(
         "status",
@@ -1613,7 +1780,9 @@ def build_parser() -> argparse.ArgumentParser:
         "different one) and which patches. --json prints an object with the keys target,\n"
         "sglang_version, applied, current, series_hash, patches (and a few more).",
     )
-    sp.add_argument("--json", action="store_true", help="print a JSON object for scripts")
+    sp.add_argument(
+        "--json", action="store_true", help="print a JSON object for scripts"
+    )
     sp = add(
         "import",
         cmd_import,

@@ -190,16 +190,16 @@ def _cache_entries(fn) -> int:
 def _case(rank, world_size, init_method, family_name, variant_index, mode):
     """One case, in a fresh process: build, warm up per ``mode``, sweep."""
     import torch
-
     from cpu_support import tiny_qwen3_vl as T
     from cpu_support.mm_harness import frames_compiled as frames
     from cpu_support.mm_harness import shipped_warm_up
+
+    from sglang.srt.multimodal.modality import Modality
     from sglang.srt.multimodal.vision_warmup import (
         _tower_device_dtype,
         call_tower_on_rank_share,
         warm_up_vision_tower,
     )
-    from sglang.srt.multimodal.modality import Modality
     from sglang.srt.multimodal.vit_batching import dp_encoder_of
     from sglang.srt.utils.common import DynamicGradMode
 
@@ -270,7 +270,10 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
             n = sum(math.prod(g) for g in call)
             pixels = torch.randn((n, *shape)).to(device=device, dtype=dtype)
             call_tower_on_rank_share(
-                tower, pixels, [list(g) for g in call], plan["rope_type"],
+                tower,
+                pixels,
+                [list(g) for g in call],
+                plan["rope_type"],
                 plan["pass_grid_thw_list"],
             )
             per_call.append(frames() - before)
@@ -316,12 +319,16 @@ def fmt_calls(calls) -> str:
 
 def family_table(family_name: str, results: List[dict]) -> str:
     note = FAMILIES[family_name].note
-    lines = [f"### {family_name}", ""] + ([note, ""] if note else []) + [
-        "| model class (tiny) | tower | warm-up | grids (tower calls) "
-        "| compiles in warm-up | compiles after ready (sweep) | per sweep call "
-        "| cache entries after warm-up / sweep | warm-up s (CPU) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = (
+        [f"### {family_name}", ""]
+        + ([note, ""] if note else [])
+        + [
+            "| model class (tiny) | tower | warm-up | grids (tower calls) "
+            "| compiles in warm-up | compiles after ready (sweep) | per sweep call "
+            "| cache entries after warm-up / sweep | warm-up s (CPU) |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+    )
     sweep_text = {None: "- (own DP runner)"}
     for r in results:
         if r["plan"] is None:
@@ -359,7 +366,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     families = args.family or list(FAMILIES)
     modes = args.mode or list(MODES)
-    print("sweep (one tower call each, after the warm-up):", ", ".join(fmt_call(c) for c in SWEEP))
+    print(
+        "sweep (one tower call each, after the warm-up):",
+        ", ".join(fmt_call(c) for c in SWEEP),
+    )
     everything = []
     for name in families:
         results = []

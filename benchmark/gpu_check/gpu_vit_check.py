@@ -72,7 +72,14 @@ from typing import NamedTuple, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 # cpu_support: beside this file in the bare-GPU archive (pack_gpu_check.py),
 # at the repository root (two folders up) in the repository.
-sys.path.insert(0, HERE if os.path.isdir(os.path.join(HERE, "cpu_support")) else os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(
+    0,
+    (
+        HERE
+        if os.path.isdir(os.path.join(HERE, "cpu_support"))
+        else os.path.dirname(os.path.dirname(HERE))
+    ),
+)
 
 from cpu_support import vit_bench_util as U  # noqa: E402  (stdlib only at import)
 from cpu_support.tiny_sizes import TINY_TEXT  # noqa: E402  (no side effects)
@@ -147,7 +154,9 @@ def make_config(vision: dict):
     # The text side only has to build: the tiny model's one small layer, at the
     # tower's out_hidden_size.
     text = dict(TINY_TEXT, hidden_size=vision["out_hidden_size"])
-    config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False)
+    config = Qwen3VLConfig(
+        text_config=text, vision_config=vision, tie_word_embeddings=False
+    )
     for key, value in config.text_config.to_dict().items():  # as SGLang's loader does
         if key not in ("model_type", "architectures", "transformers_version"):
             setattr(config, key, value)
@@ -157,8 +166,17 @@ def make_config(vision: dict):
     return config, model_dir
 
 
-def init_ranks(device: str, model_dir: str, attention_backend, *, tp_size: int = 1, rank: int = 0,
-               local_rank: int = 0, init_method: Optional[str] = None, dp_encoder: bool = False) -> None:
+def init_ranks(
+    device: str,
+    model_dir: str,
+    attention_backend,
+    *,
+    tp_size: int = 1,
+    rank: int = 0,
+    local_rank: int = 0,
+    init_method: Optional[str] = None,
+    dp_encoder: bool = False,
+) -> None:
     """SGLang's runtime context and model-parallel groups for rank ``rank`` of ``tp_size``
     (nccl on cuda, gloo on cpu)."""
     import torch
@@ -198,19 +216,28 @@ def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):
     return build_model(config, device, dtype, seed=seed), config
 
 
-def build_model(config, device: str, dtype, *, seed: int = 0, attention_backend: Optional[str] = None):
+def build_model(
+    config,
+    device: str,
+    dtype,
+    *,
+    seed: int = 0,
+    attention_backend: Optional[str] = None,
+):
     """The model on ``device`` with seeded weights (the same seed, the same
     weights); ``attention_backend`` overrides the published vision attention
     backend for this build only."""
     import torch
+    from cpu_support.seeded_model import default_dtype, fill_weights_
 
     from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
     from sglang.srt.runtime_context import get_mm
 
-    from cpu_support.seeded_model import default_dtype, fill_weights_
-
-    backend = contextlib.nullcontext() if attention_backend is None else \
-        get_mm().override(mm_attention_backend=attention_backend)
+    backend = (
+        contextlib.nullcontext()
+        if attention_backend is None
+        else get_mm().override(mm_attention_backend=attention_backend)
+    )
     with backend, default_dtype(dtype), torch.device(device):
         model = Qwen3VLForConditionalGeneration(config)
     # SGLang allocates parameters with torch.empty: fill them, seeded, on the device.
@@ -231,18 +258,25 @@ def make_requests(grids, config, seed: int = 0):
 
     v = config.vision_config
     row = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size
-    merge = v.spatial_merge_size ** 2
+    merge = v.spatial_merge_size**2
     requests = []
     for i, grid in enumerate(grids):
         gen = torch.Generator().manual_seed(seed * 100003 + i)
         item = MultimodalDataItem(
-            modality=Modality.IMAGE, feature=torch.randn((U.patches(grid), row), generator=gen)
+            modality=Modality.IMAGE,
+            feature=torch.randn((U.patches(grid), row), generator=gen),
         )
         item.image_grid_thw = torch.tensor([list(grid)], dtype=torch.long)
         tokens = U.patches(grid) // merge
         item.offsets = [(TEXT_BEFORE, TEXT_BEFORE + tokens - 1)]
         item.hash = (seed * 100003 + i) * 7919 + 17
-        requests.append({"item": item, "tokens": tokens, "length": TEXT_BEFORE + tokens + TEXT_AFTER})
+        requests.append(
+            {
+                "item": item,
+                "tokens": tokens,
+                "length": TEXT_BEFORE + tokens + TEXT_AFTER,
+            }
+        )
     return requests
 
 
@@ -254,7 +288,9 @@ def prefill_step(model, requests, device):
 
     items = [r["item"] for r in requests]
     sizes = list(range(len(requests) + 1))
-    input_ids = torch.zeros(sum(r["length"] for r in requests), dtype=torch.long, device=device)
+    input_ids = torch.zeros(
+        sum(r["length"] for r in requests), dtype=torch.long, device=device
+    )
     embedding, _ = mm_schedule._get_chunked_prefill_embedding(
         model.get_image_feature,
         items,
@@ -343,7 +379,16 @@ class Step(NamedTuple):
     peak_mib: Optional[float]  # with measure_peak, else None
 
 
-def timed_step(model, requests, dev, *, cap=None, deterministic=False, batched=True, measure_peak=False):
+def timed_step(
+    model,
+    requests,
+    dev,
+    *,
+    cap=None,
+    deterministic=False,
+    batched=True,
+    measure_peak=False,
+):
     """One step from an empty embedding cache.
 
     The cache is emptied first, so the previous step's cached embeddings are
@@ -353,10 +398,15 @@ def timed_step(model, requests, dev, *, cap=None, deterministic=False, batched=T
     from sglang.srt.runtime_context import get_exec, get_mm
 
     empty_embedding_cache()
-    with pinned_gate(batched), get_mm().override(mm_max_encoder_patches_per_call=cap), \
-            get_exec().deterministic.override(enable_deterministic_inference=deterministic), \
-            U.EncoderCallLog(model) as log, \
-            (dev.peak() if measure_peak else contextlib.nullcontext({})) as mem:
+    with pinned_gate(batched), get_mm().override(
+        mm_max_encoder_patches_per_call=cap
+    ), get_exec().deterministic.override(
+        enable_deterministic_inference=deterministic
+    ), U.EncoderCallLog(
+        model
+    ) as log, (
+        dev.peak() if measure_peak else contextlib.nullcontext({})
+    ) as mem:
         dev.sync()
         t0 = time.perf_counter()
         out = prefill_step(model, requests, dev.name)
@@ -413,13 +463,23 @@ def sdpa_rows(models, config, dev, args):
         for backend, model in models:
             if backend != "sdpa" and layout != f"{args.sdpa_images} distinct sizes":
                 continue  # the other backend only as the reference for the distinct case
-            row = dict(backend=backend, layout=layout, images=len(grids), distinct_sizes=len(set(grids)),
-                       patches=sum(U.patches(g) for g in grids))
+            row = dict(
+                backend=backend,
+                layout=layout,
+                images=len(grids),
+                distinct_sizes=len(set(grids)),
+                patches=sum(U.patches(g) for g in grids),
+            )
             for batched in (True, False):
-                timed_step(model, requests, dev, batched=batched)  # first call: compiles, caches
+                timed_step(
+                    model, requests, dev, batched=batched
+                )  # first call: compiles, caches
                 with counting_sdpa() as sdpa:
                     _, _, calls, _ = timed_step(model, requests, dev, batched=batched)
-                times = [timed_step(model, requests, dev, batched=batched).seconds for _ in range(args.repeats)]
+                times = [
+                    timed_step(model, requests, dev, batched=batched).seconds
+                    for _ in range(args.repeats)
+                ]
                 key = "batched" if batched else "per_request"
                 row[f"{key}_calls"] = len(calls)
                 row[f"{key}_ms"] = 1000 * statistics.median(times)
@@ -439,9 +499,14 @@ def compare(batched, alone, tokens):
         max_abs = max(max_abs, float((b.double() - a.double()).abs().max()))
         cos.append(F.cosine_similarity(b.double(), a.double(), dim=-1))
     cos = torch.cat(cos)
-    return dict(images=len(tokens), bitwise_equal_images=equal, max_abs_diff=max_abs,
-                mean_token_cosine=float(cos.mean()), min_token_cosine=float(cos.min()),
-                bitwise=equal == len(tokens))
+    return dict(
+        images=len(tokens),
+        bitwise_equal_images=equal,
+        max_abs_diff=max_abs,
+        mean_token_cosine=float(cos.mean()),
+        min_token_cosine=float(cos.min()),
+        bitwise=equal == len(tokens),
+    )
 
 
 def graph_rows(model, requests, dev, args):
@@ -467,7 +532,11 @@ def graph_rows(model, requests, dev, args):
         import traceback
 
         traceback.print_exc()
-        return {"skipped": None, "rows": rows, "error": f"{type(e).__name__}: {str(e).strip()[:300]}"}
+        return {
+            "skipped": None,
+            "rows": rows,
+            "error": f"{type(e).__name__}: {str(e).strip()[:300]}",
+        }
     return {"skipped": None, "rows": rows, "error": None}
 
 
@@ -479,23 +548,32 @@ def _graph_steps(model, requests, dev, args, runner, eager, envs, rows):
             graphs_before = len(runner.block_graphs)
             dev.sync()
             held_before = torch.cuda.memory_allocated()
-            out, first, calls, peak = timed_step(model, requests, dev, batched=batched, measure_peak=True)
+            out, first, calls, peak = timed_step(
+                model, requests, dev, batched=batched, measure_peak=True
+            )
             dev.sync()
             held_after = torch.cuda.memory_allocated()
-            warmed = [timed_step(model, requests, dev, batched=batched).seconds for _ in range(args.repeats)]
-            rows.append(dict(
-                path="batched" if batched else "per-request",
-                first_ms=1000 * first,
-                warm_median_ms=1000 * statistics.median(warmed),
-                graphs_captured=len(runner.block_graphs) - graphs_before,
-                graphs_total=len(runner.block_graphs),
-                first_step_peak_mib=peak,
-                # The embedding cache was emptied before the step (timed_step), so
-                # what stays allocated after it is what the captured graphs keep.
-                graph_memory_mib=(held_after - held_before) / 2**20,
-                max_abs_diff_vs_eager=float((out.double() - eager.double()).abs().max()),
-                **U.summarize_calls(calls),
-            ))
+            warmed = [
+                timed_step(model, requests, dev, batched=batched).seconds
+                for _ in range(args.repeats)
+            ]
+            rows.append(
+                dict(
+                    path="batched" if batched else "per-request",
+                    first_ms=1000 * first,
+                    warm_median_ms=1000 * statistics.median(warmed),
+                    graphs_captured=len(runner.block_graphs) - graphs_before,
+                    graphs_total=len(runner.block_graphs),
+                    first_step_peak_mib=peak,
+                    # The embedding cache was emptied before the step (timed_step), so
+                    # what stays allocated after it is what the captured graphs keep.
+                    graph_memory_mib=(held_after - held_before) / 2**20,
+                    max_abs_diff_vs_eager=float(
+                        (out.double() - eager.double()).abs().max()
+                    ),
+                    **U.summarize_calls(calls),
+                )
+            )
 
 
 # The check's sections, in the order they run: (report key, title).
@@ -533,7 +611,10 @@ class SectionFiles:
         if os.environ.get("GPU_VIT_CHECK_TEST_PAUSE_AFTER") == name:
             # Test hook (test_pack_gpu_check.py): hold here so a SIGTERM lands
             # between sections deterministically.
-            print(f"gpu_vit_check: section {name} written; pausing (GPU_VIT_CHECK_TEST_PAUSE_AFTER)", flush=True)
+            print(
+                f"gpu_vit_check: section {name} written; pausing (GPU_VIT_CHECK_TEST_PAUSE_AFTER)",
+                flush=True,
+            )
             self._write(name, report)
             time.sleep(600)
             return
@@ -543,8 +624,18 @@ class SectionFiles:
         if not self.out:
             return
         n = [k for k, _ in SECTIONS].index(name) + 1
-        data = {k: report[k] for k in ("device", "tiny", "dtype", "attention_backend", "requests", "patches")
-                if k in report}
+        data = {
+            k: report[k]
+            for k in (
+                "device",
+                "tiny",
+                "dtype",
+                "attention_backend",
+                "requests",
+                "patches",
+            )
+            if k in report
+        }
         data[name] = report[name]
         stem = os.path.join(self.out, f"{n:02d}-{name}")
         write_atomic(stem + ".json", json.dumps(data, indent=1))
@@ -555,8 +646,12 @@ class SectionFiles:
         """The whole report so far: gpu_vit_check.json and gpu_vit_check.md."""
         if not self.out:
             return
-        write_atomic(os.path.join(self.out, "gpu_vit_check.json"), json.dumps(report, indent=1))
-        write_atomic(os.path.join(self.out, "gpu_vit_check.md"), to_markdown(report) + "\n")
+        write_atomic(
+            os.path.join(self.out, "gpu_vit_check.json"), json.dumps(report, indent=1)
+        )
+        write_atomic(
+            os.path.join(self.out, "gpu_vit_check.md"), to_markdown(report) + "\n"
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -597,17 +692,36 @@ def run(args, files: Optional[SectionFiles] = None):
     files.report(report)
     with torch.no_grad():
         # Process-level warm-up on an unrelated shape (context, library handles).
-        warm = make_requests([(1, 2 * config.vision_config.spatial_merge_size, 2 * config.vision_config.spatial_merge_size)], config, seed=99)
+        warm = make_requests(
+            [
+                (
+                    1,
+                    2 * config.vision_config.spatial_merge_size,
+                    2 * config.vision_config.spatial_merge_size,
+                )
+            ],
+            config,
+            seed=99,
+        )
         timed_step(model, warm, dev)
 
         # 1. per-request vs batched, first (unseen shapes) vs warmed
         modes = []
         for batched in (False, True):
             _, first, calls, _ = timed_step(model, requests, dev, batched=batched)
-            warmed = [timed_step(model, requests, dev, batched=batched).seconds for _ in range(args.repeats)]
-            modes.append(dict(path="batched" if batched else "per-request", first_ms=1000 * first,
-                              warm_ms=[1000 * s for s in warmed], warm_median_ms=1000 * statistics.median(warmed),
-                              **U.summarize_calls(calls)))
+            warmed = [
+                timed_step(model, requests, dev, batched=batched).seconds
+                for _ in range(args.repeats)
+            ]
+            modes.append(
+                dict(
+                    path="batched" if batched else "per-request",
+                    first_ms=1000 * first,
+                    warm_ms=[1000 * s for s in warmed],
+                    warm_median_ms=1000 * statistics.median(warmed),
+                    **U.summarize_calls(calls),
+                )
+            )
         report["steps"] = modes
         files.section_done("steps", report)
 
@@ -615,10 +729,21 @@ def run(args, files: Optional[SectionFiles] = None):
         caps = []
         for cap in args.caps:
             timed_step(model, requests, dev, cap=cap)  # warm these call shapes
-            _, seconds, calls, peak_mib = timed_step(model, requests, dev, cap=cap, measure_peak=True)
-            more = [timed_step(model, requests, dev, cap=cap).seconds for _ in range(args.repeats - 1)]
-            caps.append(dict(cap=cap, peak_mib=peak_mib, step_ms=1000 * statistics.median([seconds] + more),
-                             **U.summarize_calls(calls)))
+            _, seconds, calls, peak_mib = timed_step(
+                model, requests, dev, cap=cap, measure_peak=True
+            )
+            more = [
+                timed_step(model, requests, dev, cap=cap).seconds
+                for _ in range(args.repeats - 1)
+            ]
+            caps.append(
+                dict(
+                    cap=cap,
+                    peak_mib=peak_mib,
+                    step_ms=1000 * statistics.median([seconds] + more),
+                    **U.summarize_calls(calls),
+                )
+            )
         report["caps"] = caps
         files.section_done("caps", report)
 
@@ -626,17 +751,41 @@ def run(args, files: Optional[SectionFiles] = None):
         alone = alone_rows(model, requests)
         diffs = []
         for deterministic in (False, True):
-            out, _, calls, _ = timed_step(model, requests, dev, deterministic=deterministic)
-            times = [timed_step(model, requests, dev, deterministic=deterministic).seconds for _ in range(args.repeats)]
-            diffs.append(dict(dtype=args.dtype, deterministic=deterministic, step_ms=1000 * statistics.median(times),
-                              calls=len(calls), **compare(out, alone, tokens)))
+            out, _, calls, _ = timed_step(
+                model, requests, dev, deterministic=deterministic
+            )
+            times = [
+                timed_step(model, requests, dev, deterministic=deterministic).seconds
+                for _ in range(args.repeats)
+            ]
+            diffs.append(
+                dict(
+                    dtype=args.dtype,
+                    deterministic=deterministic,
+                    step_ms=1000 * statistics.median(times),
+                    calls=len(calls),
+                    **compare(out, alone, tokens),
+                )
+            )
         report["diffs"] = diffs
-        report["deterministic_bitwise_ok"] = all(d["bitwise"] for d in diffs if d["deterministic"])
+        report["deterministic_bitwise_ok"] = all(
+            d["bitwise"] for d in diffs if d["deterministic"]
+        )
         files.section_done("diffs", report)
 
         # 4. The SDPA vision backend: per-layer launches with distinct sizes in one call
-        models = [("sdpa", model if backend.startswith("sdpa ") else
-                   build_model(config, args.device, dtype, attention_backend="sdpa"))]
+        models = [
+            (
+                "sdpa",
+                (
+                    model
+                    if backend.startswith("sdpa ")
+                    else build_model(
+                        config, args.device, dtype, attention_backend="sdpa"
+                    )
+                ),
+            )
+        ]
         if not backend.startswith("sdpa "):
             models.append((backend.split(" ")[0], model))
         report["sdpa"] = sdpa_rows(models, config, dev, args)
@@ -667,7 +816,9 @@ def _fmt_cos(c: float, bitwise: bool) -> str:
 
 def header_markdown(r) -> str:
     v = r["vision"]
-    total = f"whole check {r['total_s']:.1f} s" if "total_s" in r else "check not finished"
+    total = (
+        f"whole check {r['total_s']:.1f} s" if "total_s" in r else "check not finished"
+    )
     return (
         f"Device: {r['device']}. Qwen3-VL vision tower{' (TINY sizes)' if r['tiny'] else ' (Qwen3-VL-8B sizes)'}: "
         f"depth {v['depth']}, hidden {v['hidden_size']}, MLP {v['intermediate_size']}, {v['num_heads']} heads, "
@@ -680,51 +831,163 @@ def header_markdown(r) -> str:
 def section_markdown(name: str, r) -> str:
     """One section's title and table."""
     if name == "steps":
-        return "\n".join(["Vision step, per-request vs batched:", "", U.markdown_table(
-            ["path", "encoder calls", "images per call mean / max", "first call (ms)", "warmed median (ms)"],
-            [[s["path"], s["calls"], f"{s['images_mean']:.1f} / {s['images_max']}",
-              f"{s['first_ms']:.1f}", f"{s['warm_median_ms']:.1f}"] for s in r["steps"]],
-        )])
+        return "\n".join(
+            [
+                "Vision step, per-request vs batched:",
+                "",
+                U.markdown_table(
+                    [
+                        "path",
+                        "encoder calls",
+                        "images per call mean / max",
+                        "first call (ms)",
+                        "warmed median (ms)",
+                    ],
+                    [
+                        [
+                            s["path"],
+                            s["calls"],
+                            f"{s['images_mean']:.1f} / {s['images_max']}",
+                            f"{s['first_ms']:.1f}",
+                            f"{s['warm_median_ms']:.1f}",
+                        ]
+                        for s in r["steps"]
+                    ],
+                ),
+            ]
+        )
     if name == "caps":
-        return "\n".join(["Batched step vs --mm-max-encoder-patches-per-call:", "", U.markdown_table(
-            ["cap", "encoder calls", "images per call mean / max", "max patches per call", "step median (ms)",
-             "peak step memory (MiB)"],
-            [["none" if c["cap"] is None else c["cap"], c["calls"], f"{c['images_mean']:.1f} / {c['images_max']}",
-              c["patches_max"], f"{c['step_ms']:.1f}", f"{c['peak_mib']:.1f}"] for c in r["caps"]],
-        )])
+        return "\n".join(
+            [
+                "Batched step vs --mm-max-encoder-patches-per-call:",
+                "",
+                U.markdown_table(
+                    [
+                        "cap",
+                        "encoder calls",
+                        "images per call mean / max",
+                        "max patches per call",
+                        "step median (ms)",
+                        "peak step memory (MiB)",
+                    ],
+                    [
+                        [
+                            "none" if c["cap"] is None else c["cap"],
+                            c["calls"],
+                            f"{c['images_mean']:.1f} / {c['images_max']}",
+                            c["patches_max"],
+                            f"{c['step_ms']:.1f}",
+                            f"{c['peak_mib']:.1f}",
+                        ]
+                        for c in r["caps"]
+                    ],
+                ),
+            ]
+        )
     if name == "diffs":
-        return "\n".join(["Batched vs each image alone:", "", U.markdown_table(
-            ["dtype", "deterministic inference", "encoder calls", "step median (ms)", "images bitwise equal",
-             "max abs diff", "mean token cosine", "min token cosine"],
-            [[d["dtype"], "on" if d["deterministic"] else "off", d["calls"], f"{d['step_ms']:.1f}",
-              f"{d['bitwise_equal_images']} / {d['images']}", f"{d['max_abs_diff']:.3g}",
-              _fmt_cos(d["mean_token_cosine"], d["bitwise"]), _fmt_cos(d["min_token_cosine"], d["bitwise"])]
-             for d in r["diffs"]],
-            align="llrrrrrr",
-        )])
+        return "\n".join(
+            [
+                "Batched vs each image alone:",
+                "",
+                U.markdown_table(
+                    [
+                        "dtype",
+                        "deterministic inference",
+                        "encoder calls",
+                        "step median (ms)",
+                        "images bitwise equal",
+                        "max abs diff",
+                        "mean token cosine",
+                        "min token cosine",
+                    ],
+                    [
+                        [
+                            d["dtype"],
+                            "on" if d["deterministic"] else "off",
+                            d["calls"],
+                            f"{d['step_ms']:.1f}",
+                            f"{d['bitwise_equal_images']} / {d['images']}",
+                            f"{d['max_abs_diff']:.3g}",
+                            _fmt_cos(d["mean_token_cosine"], d["bitwise"]),
+                            _fmt_cos(d["min_token_cosine"], d["bitwise"]),
+                        ]
+                        for d in r["diffs"]
+                    ],
+                    align="llrrrrrr",
+                ),
+            ]
+        )
     if name == "sdpa":
-        return "\n".join([
-            f"SDPA vision backend: {r['sdpa'][0]['images']} single-image requests in one call vs one call per "
-            "request (SDPA launches per layer of one encoder call):", "", U.markdown_table(
-                ["backend", "layout", "patches", "SDPA launches per layer, batched / per-request call",
-                 "batched step median (ms)", "per-request step median (ms)"],
-                [[s["backend"], s["layout"], s["patches"],
-                  f"{s['batched_sdpa_per_layer']:g} / {s['per_request_sdpa_per_layer']:g}",
-                  f"{s['batched_ms']:.1f}", f"{s['per_request_ms']:.1f}"] for s in r["sdpa"]],
-                align="llrrrr",
-            )])
+        return "\n".join(
+            [
+                f"SDPA vision backend: {r['sdpa'][0]['images']} single-image requests in one call vs one call per "
+                "request (SDPA launches per layer of one encoder call):",
+                "",
+                U.markdown_table(
+                    [
+                        "backend",
+                        "layout",
+                        "patches",
+                        "SDPA launches per layer, batched / per-request call",
+                        "batched step median (ms)",
+                        "per-request step median (ms)",
+                    ],
+                    [
+                        [
+                            s["backend"],
+                            s["layout"],
+                            s["patches"],
+                            f"{s['batched_sdpa_per_layer']:g} / {s['per_request_sdpa_per_layer']:g}",
+                            f"{s['batched_ms']:.1f}",
+                            f"{s['per_request_ms']:.1f}",
+                        ]
+                        for s in r["sdpa"]
+                    ],
+                    align="llrrrr",
+                ),
+            ]
+        )
     if name == "graphs":
         g = r["graphs"]
         title = "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1):"
         if g["skipped"]:
             return f"{title} skipped: {g['skipped']}."
-        return "\n".join([title, "", U.markdown_table(
-            ["path", "encoder calls", "graphs captured", "first call, captures (ms)", "warmed median (ms)",
-             "first step peak (MiB)", "memory the graphs keep (MiB)", "max abs diff vs eager batched"],
-            [[x["path"], x["calls"], x["graphs_captured"], f"{x['first_ms']:.1f}", f"{x['warm_median_ms']:.1f}",
-              f"{x['first_step_peak_mib']:.1f}", f"{x['graph_memory_mib']:.1f}", f"{x['max_abs_diff_vs_eager']:.3g}"]
-             for x in g["rows"]],
-        )] + ([f"ERROR (the rows above finished before it): {g['error']}"] if g.get("error") else []))
+        return "\n".join(
+            [
+                title,
+                "",
+                U.markdown_table(
+                    [
+                        "path",
+                        "encoder calls",
+                        "graphs captured",
+                        "first call, captures (ms)",
+                        "warmed median (ms)",
+                        "first step peak (MiB)",
+                        "memory the graphs keep (MiB)",
+                        "max abs diff vs eager batched",
+                    ],
+                    [
+                        [
+                            x["path"],
+                            x["calls"],
+                            x["graphs_captured"],
+                            f"{x['first_ms']:.1f}",
+                            f"{x['warm_median_ms']:.1f}",
+                            f"{x['first_step_peak_mib']:.1f}",
+                            f"{x['graph_memory_mib']:.1f}",
+                            f"{x['max_abs_diff_vs_eager']:.3g}",
+                        ]
+                        for x in g["rows"]
+                    ],
+                ),
+            ]
+            + (
+                [f"ERROR (the rows above finished before it): {g['error']}"]
+                if g.get("error")
+                else []
+            )
+        )
     raise ValueError(name)
 
 
@@ -736,30 +999,68 @@ def to_markdown(r) -> str:
             parts.append(section_markdown(name, r))
     if not r.get("complete"):
         missing = [t for n, t in SECTIONS if n not in r]
-        note = f"INCOMPLETE ({r['stopped']})" if r.get("stopped") else "INCOMPLETE (running)"
-        parts.append(f"{note}; not measured: " + ("; ".join(missing) or "nothing") + ".")
+        note = (
+            f"INCOMPLETE ({r['stopped']})"
+            if r.get("stopped")
+            else "INCOMPLETE (running)"
+        )
+        parts.append(
+            f"{note}; not measured: " + ("; ".join(missing) or "nothing") + "."
+        )
     return "\n\n".join(parts)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["cuda", "cpu"], default=None,
-                   help="cuda (also ROCm builds) or cpu; --tiny defaults to cpu, otherwise cuda")
-    p.add_argument("--tiny", action="store_true", help="tiny tower and burst: the same path in seconds")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default=None,
+        help="cuda (also ROCm builds) or cpu; --tiny defaults to cpu, otherwise cuda",
+    )
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny tower and burst: the same path in seconds",
+    )
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    p.add_argument("--burst", type=U.burst_arg, default=None,
-                   help=f"WxH:count,... single-image requests (default {BURST}; --tiny {TINY_BURST})")
-    p.add_argument("--caps", type=U.caps_arg, default=None,
-                   help=f"patch caps per call to measure, 'none' = uncapped (default {CAPS}; --tiny {TINY_CAPS})")
-    p.add_argument("--repeats", type=int, default=3, help="warmed steps per measurement (>= 1)")
-    p.add_argument("--mm-attention-backend", default=None,
-                   help="vision attention backend (default: sdpa on cpu, SGLang's choice on cuda)")
-    p.add_argument("--sdpa-images", type=int, default=None,
-                   help=f"requests in the SDPA rows' call (default {SDPA_IMAGES}; --tiny {TINY_SDPA_IMAGES})")
-    p.add_argument("--threads", type=int, default=1, help="torch threads on the CPU path")
-    p.add_argument("--out", default=None,
-                   help="directory (created if missing) for each section's NN-<name>.json/.md as it ends "
-                        "and gpu_vit_check.json/.md")
+    p.add_argument(
+        "--burst",
+        type=U.burst_arg,
+        default=None,
+        help=f"WxH:count,... single-image requests (default {BURST}; --tiny {TINY_BURST})",
+    )
+    p.add_argument(
+        "--caps",
+        type=U.caps_arg,
+        default=None,
+        help=f"patch caps per call to measure, 'none' = uncapped (default {CAPS}; --tiny {TINY_CAPS})",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="warmed steps per measurement (>= 1)"
+    )
+    p.add_argument(
+        "--mm-attention-backend",
+        default=None,
+        help="vision attention backend (default: sdpa on cpu, SGLang's choice on cuda)",
+    )
+    p.add_argument(
+        "--sdpa-images",
+        type=int,
+        default=None,
+        help=f"requests in the SDPA rows' call (default {SDPA_IMAGES}; --tiny {TINY_SDPA_IMAGES})",
+    )
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads on the CPU path"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="directory (created if missing) for each section's NN-<name>.json/.md as it ends "
+        "and gpu_vit_check.json/.md",
+    )
     args = p.parse_args(argv)
     if args.device is None:
         args.device = "cpu" if args.tiny else "cuda"
@@ -788,11 +1089,17 @@ def main(argv=None) -> int:
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but torch sees no GPU (use --tiny for the CPU path)", file=sys.stderr)
+        print(
+            "error: --device cuda but torch sees no GPU (use --tiny for the CPU path)",
+            file=sys.stderr,
+        )
         return 2
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    command = shlex.join(["python", "benchmark/gpu_check/gpu_vit_check.py"] + (sys.argv[1:] if argv is None else list(argv)))
+    command = shlex.join(
+        ["python", "benchmark/gpu_check/gpu_vit_check.py"]
+        + (sys.argv[1:] if argv is None else list(argv))
+    )
     date = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}"
     files = SectionFiles(args.out)
     args.report = None
@@ -807,19 +1114,28 @@ def main(argv=None) -> int:
         report.update(command=command, date=date, stopped=str(e))
         files.report(report)
         print(to_markdown(report))
-        print(f"gpu_vit_check: {e}; finished sections: {', '.join(report['sections_done']) or 'none'}"
-              + (f" (in {args.out})" if args.out else ""), file=sys.stderr)
+        print(
+            f"gpu_vit_check: {e}; finished sections: {', '.join(report['sections_done']) or 'none'}"
+            + (f" (in {args.out})" if args.out else ""),
+            file=sys.stderr,
+        )
         return 143
     finally:
         signal.signal(signal.SIGTERM, previous)
     report["command"], report["date"] = command, date
-    text = to_markdown(report) + f"\n\nCommand: {report['command']}\nDate: {report['date']}\n"
+    text = (
+        to_markdown(report)
+        + f"\n\nCommand: {report['command']}\nDate: {report['date']}\n"
+    )
     files.report(report)
     if args.out:
         write_atomic(os.path.join(args.out, "gpu_vit_check.md"), text)
     print(text)
     if not report["deterministic_bitwise_ok"]:
-        print("FAIL: with deterministic inference the batched step is not bitwise equal to alone", file=sys.stderr)
+        print(
+            "FAIL: with deterministic inference the batched step is not bitwise equal to alone",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

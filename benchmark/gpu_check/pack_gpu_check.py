@@ -127,8 +127,13 @@ SCRIPT_FILES = {
     "cpu_support/standins.py": "cpu_support/standins.py",
 }
 SGLANG_SKIP = ["sglang/multimodal_gen/*", "sglang/test/*", "*.so", "*/__pycache__/*"]
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64",
-             "manylinux1_x86_64"]
+PLATFORMS = [
+    "manylinux_2_28_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_5_x86_64",
+    "manylinux1_x86_64",
+]
 
 
 class PackError(Exception):
@@ -149,24 +154,55 @@ def _pip_download(spec: str, dest: str, python: str | None) -> str:
                 continue
             if tag is None and base.endswith("-none-any.whl"):
                 return path
-            if tag is not None and "x86_64" in base and (f"-{tag}-" in base or ("abi3" in base and int(parts[-3][2:] or 0) <= int(tag[2:]))):
+            if (
+                tag is not None
+                and "x86_64" in base
+                and (
+                    f"-{tag}-" in base
+                    or ("abi3" in base and int(parts[-3][2:] or 0) <= int(tag[2:]))
+                )
+            ):
                 return path
         return None
 
     found = cached()
     if found:
         return found
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps",
-           "--only-binary=:all:", "-d", dest, spec]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-d",
+        dest,
+        spec,
+    ]
     if tag is not None:
-        cmd += ["--python-version", python, "--implementation", "cp", "--abi", tag, "--abi", "abi3", "--abi", "none"]
+        cmd += [
+            "--python-version",
+            python,
+            "--implementation",
+            "cp",
+            "--abi",
+            tag,
+            "--abi",
+            "abi3",
+            "--abi",
+            "none",
+        ]
         for p in PLATFORMS:
             cmd += ["--platform", p]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = cached()
     if proc.returncode != 0 or not found:
         last = (proc.stderr.strip().splitlines() or ["no wheel matched"])[-1]
-        raise PackError(f"could not download {spec}{'' if tag is None else ' for ' + tag}: {last}")
+        raise PackError(
+            f"could not download {spec}{'' if tag is None else ' for ' + tag}: {last}"
+        )
     return found
 
 
@@ -175,18 +211,36 @@ def _sglang_wheel(cache: str) -> str:
     if found:
         return found[0]
     os.makedirs(cache, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
-                           "--no-deps", "-d", cache, f"sglang=={SGLANG_VERSION}"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "-q",
+            "--no-deps",
+            "-d",
+            cache,
+            f"sglang=={SGLANG_VERSION}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     found = sorted(glob.glob(os.path.join(cache, f"sglang-{SGLANG_VERSION}-*.whl")))
     if proc.returncode != 0 or not found:
-        raise PackError(f"no sglang {SGLANG_VERSION} wheel in {cache} and pip could not download it")
+        raise PackError(
+            f"no sglang {SGLANG_VERSION} wheel in {cache} and pip could not download it"
+        )
     return found[0]
 
 
 def _extract(wheel: str, dest: str, skip=()) -> None:
     with zipfile.ZipFile(wheel) as z:
         for info in z.infolist():
-            if info.is_dir() or any(fnmatch.fnmatch(info.filename, pat) for pat in skip):
+            if info.is_dir() or any(
+                fnmatch.fnmatch(info.filename, pat) for pat in skip
+            ):
                 continue
             z.extract(info, dest)
 
@@ -212,11 +266,26 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
     os.makedirs(site)
     sglang_wheel = _sglang_wheel(sglang_cache)
     _extract(sglang_wheel, site, SGLANG_SKIP)
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "series.py"), "apply", "--target", site],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "scripts", "series.py"),
+            "apply",
+            "--target",
+            site,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["failed"])[-1]
-        raise PackError(f"the series does not apply to the sglang {SGLANG_VERSION} wheel: {last}")
+        last = (
+            proc.stderr.strip().splitlines()
+            or proc.stdout.strip().splitlines()
+            or ["failed"]
+        )[-1]
+        raise PackError(
+            f"the series does not apply to the sglang {SGLANG_VERSION} wheel: {last}"
+        )
     fork = os.path.join(site, "sglang", ".fork-series")
     with open(os.path.join(fork, "stamp.json")) as f:
         stamp = json.load(f)
@@ -247,7 +316,11 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
     shutil.copyfile(runner, os.path.join(work, "run_gpu_check.py"))
 
     manifest = dict(
-        sglang=dict(version=SGLANG_VERSION, wheel=os.path.basename(sglang_wheel), skipped=SGLANG_SKIP),
+        sglang=dict(
+            version=SGLANG_VERSION,
+            wheel=os.path.basename(sglang_wheel),
+            skipped=SGLANG_SKIP,
+        ),
         series=dict(hash=stamp.get("series_hash"), patches=stamp.get("patches")),
         pure=PURE,
         fallback=FALLBACK,
@@ -264,7 +337,9 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
 def write_zip(work: str, out: str, max_mib: float) -> int:
     """Zip ``work`` into ``out`` via a temporary file; return its size."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".pack-", suffix=".pyz", dir=os.path.dirname(os.path.abspath(out)))
+    fd, tmp = tempfile.mkstemp(
+        prefix=".pack-", suffix=".pyz", dir=os.path.dirname(os.path.abspath(out))
+    )
     os.close(fd)
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
@@ -277,7 +352,9 @@ def write_zip(work: str, out: str, max_mib: float) -> int:
                     z.write(path, os.path.relpath(path, work))
         size = os.path.getsize(tmp)
         if size > max_mib * 2**20:
-            raise PackError(f"the archive would be {size / 2**20:.1f} MiB, over --max-mib {max_mib:g}")
+            raise PackError(
+                f"the archive would be {size / 2**20:.1f} MiB, over --max-mib {max_mib:g}"
+            )
         os.chmod(tmp, 0o644)
         os.replace(tmp, out)
         return size
@@ -287,16 +364,38 @@ def write_zip(work: str, out: str, max_mib: float) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=os.path.join(REPO, "out", "gpu_check", "gpu_vit_check_bare.pyz"),
-                   help="the archive to write (default out/gpu_check/gpu_vit_check_bare.pyz)")
-    p.add_argument("--python", default="3.12", help="Python X.Y of the GPU box, for the compiled wheels (default 3.12)")
-    p.add_argument("--max-mib", type=float, default=64.0, help="refuse an archive larger than this (default 64)")
-    p.add_argument("--wheel-cache", default=os.path.join(REPO, ".cache", "gpu_check_wheels"))
-    p.add_argument("--sglang-cache", default=os.path.join(REPO, ".cache", "wheels"),
-                   help="where the sglang wheel is (scripts/setup_env.sh downloads it there)")
-    p.add_argument("--fetch-only", action="store_true",
-                   help="only download the wheels into --wheel-cache (make setup does, for its own Python)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--out",
+        default=os.path.join(REPO, "out", "gpu_check", "gpu_vit_check_bare.pyz"),
+        help="the archive to write (default out/gpu_check/gpu_vit_check_bare.pyz)",
+    )
+    p.add_argument(
+        "--python",
+        default="3.12",
+        help="Python X.Y of the GPU box, for the compiled wheels (default 3.12)",
+    )
+    p.add_argument(
+        "--max-mib",
+        type=float,
+        default=64.0,
+        help="refuse an archive larger than this (default 64)",
+    )
+    p.add_argument(
+        "--wheel-cache", default=os.path.join(REPO, ".cache", "gpu_check_wheels")
+    )
+    p.add_argument(
+        "--sglang-cache",
+        default=os.path.join(REPO, ".cache", "wheels"),
+        help="where the sglang wheel is (scripts/setup_env.sh downloads it there)",
+    )
+    p.add_argument(
+        "--fetch-only",
+        action="store_true",
+        help="only download the wheels into --wheel-cache (make setup does, for its own Python)",
+    )
     args = p.parse_args(argv)
     if not re.fullmatch(r"3\.\d{1,2}", args.python):
         p.error(f"--python must look like 3.12, not {args.python!r}")
@@ -319,9 +418,13 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     digest = hashlib.sha256(open(args.out, "rb").read()).hexdigest()
-    print(f"wrote {args.out}: {size / 2**20:.1f} MiB, sha256 {digest[:16]}, series {manifest['series']['hash'][:12]} "
-          f"({len(manifest['series']['patches'])} patches), compiled wheels for {manifest['compiled_python']}")
-    print(f"on the GPU box: timeout 280 python3 {os.path.basename(args.out)} --out \"$OUT\"  (docs/benchmarks.md)")
+    print(
+        f"wrote {args.out}: {size / 2**20:.1f} MiB, sha256 {digest[:16]}, series {manifest['series']['hash'][:12]} "
+        f"({len(manifest['series']['patches'])} patches), compiled wheels for {manifest['compiled_python']}"
+    )
+    print(
+        f'on the GPU box: timeout 280 python3 {os.path.basename(args.out)} --out "$OUT"  (docs/benchmarks.md)'
+    )
     return 0
 
 

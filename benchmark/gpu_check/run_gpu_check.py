@@ -96,7 +96,9 @@ def _standin_class(qualname: str):
         def __call__(cls, *args, **kwargs):
             _refuse()
 
-    return _Meta(qualname.rsplit(".", 1)[-1], (), {"__module__": qualname.rsplit(".", 1)[0]})
+    return _Meta(
+        qualname.rsplit(".", 1)[-1], (), {"__module__": qualname.rsplit(".", 1)[0]}
+    )
 
 
 class _StandInModule(types.ModuleType):
@@ -131,7 +133,9 @@ class StandInFinder(importlib.abc.MetaPathFinder):
         if top not in self.names:
             return None
         self.used.add(top)
-        return importlib.machinery.ModuleSpec(fullname, _StandInLoader(), is_package=True)
+        return importlib.machinery.ModuleSpec(
+            fullname, _StandInLoader(), is_package=True
+        )
 
 
 def install_standins(names) -> StandInFinder:
@@ -174,7 +178,11 @@ def _dist_version(name, paths=None):
     import importlib.metadata as md
 
     try:
-        dist = next(iter(md.distributions(name=name, path=paths))) if paths is not None else md.distribution(name)
+        dist = (
+            next(iter(md.distributions(name=name, path=paths)))
+            if paths is not None
+            else md.distribution(name)
+        )
     except (StopIteration, md.PackageNotFoundError):
         return None
     return dict(version=dist.version, location=str(dist.locate_file("")))
@@ -190,23 +198,54 @@ def box_environment(box_paths):
         platform=platform.platform(),
         python=sys.version.split()[0],
         python_executable=sys.executable,
-        visible_devices={k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-                                                    "ROCR_VISIBLE_DEVICES") if k in os.environ},
-        packages={name: _dist_version(name, box_paths) for name in
-                  ("torch", "triton", "pytorch-triton-rocm", "typing_extensions", "numpy", "sglang")},
+        visible_devices={
+            k: os.environ[k]
+            for k in (
+                "CUDA_VISIBLE_DEVICES",
+                "HIP_VISIBLE_DEVICES",
+                "ROCR_VISIBLE_DEVICES",
+            )
+            if k in os.environ
+        },
+        packages={
+            name: _dist_version(name, box_paths)
+            for name in (
+                "torch",
+                "triton",
+                "pytorch-triton-rocm",
+                "typing_extensions",
+                "numpy",
+                "sglang",
+            )
+        },
     )
     gpu = None
     if shutil.which("nvidia-smi"):
-        rc, text = _first_line(["nvidia-smi", "--query-gpu=index,name,driver_version,memory.total,memory.used",
-                                "--format=csv,noheader"])
+        rc, text = _first_line(
+            [
+                "nvidia-smi",
+                "--query-gpu=index,name,driver_version,memory.total,memory.used",
+                "--format=csv,noheader",
+            ]
+        )
         gpu = dict(tool="nvidia-smi", rc=rc, gpus=text.splitlines() if text else [])
     elif shutil.which("rocm-smi"):
-        rc, text = _first_line(["rocm-smi", "--showproductname", "--showdriverversion", "--showmeminfo", "vram"])
+        rc, text = _first_line(
+            [
+                "rocm-smi",
+                "--showproductname",
+                "--showdriverversion",
+                "--showmeminfo",
+                "vram",
+            ]
+        )
         gpu = dict(tool="rocm-smi", rc=rc, output=text)
     elif os.path.exists("/proc/driver/nvidia/version"):
         with open("/proc/driver/nvidia/version") as f:
             gpu = dict(tool="/proc/driver/nvidia/version", output=f.read().strip())
-    env["gpu"] = gpu or dict(tool=None, note="no nvidia-smi, rocm-smi or /proc/driver/nvidia/version")
+    env["gpu"] = gpu or dict(
+        tool=None, note="no nvidia-smi, rocm-smi or /proc/driver/nvidia/version"
+    )
     compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     version = None
     if compiler:
@@ -219,14 +258,24 @@ def box_environment(box_paths):
 def env_markdown(env):
     lines = ["| what | value |", "|---|---|"]
     gpu = env["gpu"]
-    lines.append(f"| GPU ({gpu.get('tool')}) | " + ("; ".join(gpu.get("gpus") or []) or
-                                                   (gpu.get("output") or gpu.get("note") or "").replace("\n", " ")[:400]) + " |")
+    lines.append(
+        f"| GPU ({gpu.get('tool')}) | "
+        + (
+            "; ".join(gpu.get("gpus") or [])
+            or (gpu.get("output") or gpu.get("note") or "").replace("\n", " ")[:400]
+        )
+        + " |"
+    )
     lines.append(f"| visible devices | {env['visible_devices'] or 'all'} |")
     lines.append(f"| Python | {env['python']} ({env['python_executable']}) |")
     for name, v in env["packages"].items():
-        lines.append(f"| {name} | {'not installed' if v is None else v['version'] + ' (' + v['location'] + ')'} |")
+        lines.append(
+            f"| {name} | {'not installed' if v is None else v['version'] + ' (' + v['location'] + ')'} |"
+        )
     c = env["compiler"]
-    lines.append(f"| C compiler | {c['path'] or 'none on PATH'}{' — ' + c['version'] if c['version'] else ''} |")
+    lines.append(
+        f"| C compiler | {c['path'] or 'none on PATH'}{' — ' + c['version'] if c['version'] else ''} |"
+    )
     if env.get("torch_runtime"):
         lines.append(f"| torch runtime | {env['torch_runtime']} |")
     return "\n".join(lines)
@@ -281,7 +330,9 @@ def requirement_conflicts(archive_paths, box_paths):
 
     from packaging.requirements import Requirement
 
-    packed = {_norm(d.metadata["Name"]): d for d in md.distributions(path=archive_paths)}
+    packed = {
+        _norm(d.metadata["Name"]): d for d in md.distributions(path=archive_paths)
+    }
     box = {}
     for d in md.distributions(path=box_paths):
         box.setdefault(_norm(d.metadata["Name"]), d)
@@ -299,9 +350,18 @@ def requirement_conflicts(archive_paths, box_paths):
             have = box.get(want)
             if have is None:
                 absent.append(f"{req.name} (for {dist.metadata['Name']})")
-            elif req.specifier and not req.specifier.contains(have.version, prereleases=True):
-                conflicts.append(dict(name=want, have=have.version, location=str(have.locate_file("")),
-                                      needed_by=f"{dist.metadata['Name']} {dist.version}", requires=str(req)))
+            elif req.specifier and not req.specifier.contains(
+                have.version, prereleases=True
+            ):
+                conflicts.append(
+                    dict(
+                        name=want,
+                        have=have.version,
+                        location=str(have.locate_file("")),
+                        needed_by=f"{dist.metadata['Name']} {dist.version}",
+                        requires=str(req),
+                    )
+                )
     return conflicts, sorted(set(absent))
 
 
@@ -320,41 +380,63 @@ def preflight(root, box_paths, device, backend):
             packed = _dist_version(name, [fallback])
             if packed and not [f for f in fixed if f["name"] == name]:
                 have = next(c["have"] for c in conflicts if c["name"] == name)
-                record["fallback_used"].append(f"{name} {packed['version']} (the box has {have})")
+                record["fallback_used"].append(
+                    f"{name} {packed['version']} (the box has {have})"
+                )
         if record["fallback_used"]:
             sys.path.insert(0, fallback)
-            os.environ["PYTHONPATH"] = fallback + os.pathsep + os.environ.get("PYTHONPATH", "")
-        conflicts = [c for c in conflicts if not any(u.startswith(c["name"] + " ") for u in record["fallback_used"])]
+            os.environ["PYTHONPATH"] = (
+                fallback + os.pathsep + os.environ.get("PYTHONPATH", "")
+            )
+        conflicts = [
+            c
+            for c in conflicts
+            if not any(u.startswith(c["name"] + " ") for u in record["fallback_used"])
+        ]
     record["conflicts"] = conflicts
     if device == "cpu":
         from cpu_support.standins import prepare_cpu_process
 
         prepare_cpu_process()
-    modules = ["torch"] + (["triton"] if backend == "triton_attn" else []) + CHECK_MODULES
+    modules = (
+        ["torch"] + (["triton"] if backend == "triton_attn" else []) + CHECK_MODULES
+    )
     t0 = time.perf_counter()
     for name in modules:
-        if name == CHECK_MODULES[0] and device == "cuda" and not sys.modules["torch"].cuda.is_available():
+        if (
+            name == CHECK_MODULES[0]
+            and device == "cuda"
+            and not sys.modules["torch"].cuda.is_available()
+        ):
             # Before SGLang's imports (seconds): the check cannot run anyway.
             record["error"] = NO_GPU
             break
         try:
             __import__(name)
-        except BaseException as e:  # noqa: BLE001 - ImportError, AttributeError on an old torch, ...
+        except (
+            BaseException
+        ) as e:  # noqa: BLE001 - ImportError, AttributeError on an old torch, ...
             if isinstance(e, (KeyboardInterrupt, SystemExit, RunnerStopped)):
                 raise
             why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
             missing = getattr(e, "name", None)
-            hint = "".join(f"; {c['name']} {c['have']} on this box, {c['needed_by']} needs {c['requires']}"
-                           for c in conflicts)
-            record["error"] = (f"importing {name} failed: {why}"
-                               + (f" (missing module: {missing})" if missing else "") + hint)
+            hint = "".join(
+                f"; {c['name']} {c['have']} on this box, {c['needed_by']} needs {c['requires']}"
+                for c in conflicts
+            )
+            record["error"] = (
+                f"importing {name} failed: {why}"
+                + (f" (missing module: {missing})" if missing else "")
+                + hint
+            )
             break
         record["imported"].append(name)
     record["import_seconds"] = time.perf_counter() - t0
     if record["error"] is None and conflicts:
-        record["warning"] = "version conflicts above, but every module the check uses imported"
+        record["warning"] = (
+            "version conflicts above, but every module the check uses imported"
+        )
     return record
-
 
 
 def _archive_path() -> str:
@@ -429,10 +511,15 @@ def prepare(root: str):
     if os.path.isdir(compiled):
         paths.insert(1, compiled)
     elif manifest.get("compiled_python") and manifest["compiled_python"] != tag:
-        print(f"run_gpu_check: note: the archive's compiled wheels are for {manifest['compiled_python']}, "
-              f"this is {tag}; using whatever this Python has", file=sys.stderr)
+        print(
+            f"run_gpu_check: note: the archive's compiled wheels are for {manifest['compiled_python']}, "
+            f"this is {tag}; using whatever this Python has",
+            file=sys.stderr,
+        )
     sys.path[:0] = paths
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     finder = install_standins(manifest["standins"])
@@ -459,15 +546,21 @@ def main(argv=None) -> int:
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
-        print(f"run_gpu_check: cannot create --out {out}: {e.strerror}", file=sys.stderr)
+        print(
+            f"run_gpu_check: cannot create --out {out}: {e.strerror}", file=sys.stderr
+        )
         return 2
-    box_paths = [p for p in sys.path if p and not p.endswith(".pyz") and not os.path.isfile(p)]
+    box_paths = [
+        p for p in sys.path if p and not p.endswith(".pyz") and not os.path.isfile(p)
+    ]
     env = box_environment(box_paths)
     write_json(os.path.join(out, "env.json"), env)
     with open(os.path.join(out, "env.md"), "w") as f:
         f.write(env_markdown(env) + "\n")
 
-    device = _option(check_args, "--device") or ("cpu" if "--tiny" in check_args else "cuda")
+    device = _option(check_args, "--device") or (
+        "cpu" if "--tiny" in check_args else "cuda"
+    )
     notes = []
     if device == "cuda" and _option(check_args, "--mm-attention-backend") is None:
         # SGLang's own choice on Hopper/Blackwell (fa3/fa4) needs sgl_kernel or a
@@ -476,31 +569,55 @@ def main(argv=None) -> int:
         compiler = env["compiler"]["path"]
         backend = "triton_attn" if compiler else "sdpa"
         check_args = check_args + ["--mm-attention-backend", backend]
-        notes.append(f"vision attention backend {backend} (the runner's default on a bare box)")
+        notes.append(
+            f"vision attention backend {backend} (the runner's default on a bare box)"
+        )
         if not compiler:
             os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-            notes.append("no C compiler on PATH: sdpa, and TORCHDYNAMO_DISABLE=1 (torch.compile'd helpers run eagerly)")
+            notes.append(
+                "no C compiler on PATH: sdpa, and TORCHDYNAMO_DISABLE=1 (torch.compile'd helpers run eagerly)"
+            )
     if device == "cpu" and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
         # The check's CPU peak-RSS needs glibc's mmap threshold pinned at start;
         # re-exec with the interpreter's own flags (-S, -I, ...) kept.
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = os.environ["MALLOC_TRIM_THRESHOLD_"] = str(128 * 1024)
-        os.execv(sys.executable, list(getattr(sys, "orig_argv", [sys.executable] + sys.argv)))
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = os.environ["MALLOC_TRIM_THRESHOLD_"] = (
+            str(128 * 1024)
+        )
+        os.execv(
+            sys.executable, list(getattr(sys, "orig_argv", [sys.executable] + sys.argv))
+        )
 
     t0 = time.perf_counter()
     status, error, stopped = 0, None, None
-    record = dict(archive=None, python=sys.version.split()[0], notes=notes, check_args=check_args,
-                  out=out, exit_status=None, error=None, stopped=None)
+    record = dict(
+        archive=None,
+        python=sys.version.split()[0],
+        notes=notes,
+        check_args=check_args,
+        out=out,
+        exit_status=None,
+        error=None,
+        stopped=None,
+    )
     previous = signal.signal(signal.SIGTERM, _stop)
     finder = None
     try:
         archive = _archive_path()
         if archive:
-            root = _unpack(archive, workdir or os.path.join(tempfile.gettempdir(), "gpu_vit_check_bare"))
+            root = _unpack(
+                archive,
+                workdir or os.path.join(tempfile.gettempdir(), "gpu_vit_check_bare"),
+            )
         else:  # run from an unpacked copy
             root = os.path.abspath(os.path.dirname(__file__))
         manifest, finder, compiled = prepare(root)
-        record.update(archive=os.path.basename(archive) if archive else None, unpacked=root,
-                      compiled_wheels_used=compiled, series=manifest.get("series"), sglang=manifest.get("sglang"))
+        record.update(
+            archive=os.path.basename(archive) if archive else None,
+            unpacked=root,
+            compiled_wheels_used=compiled,
+            series=manifest.get("series"),
+            sglang=manifest.get("sglang"),
+        )
         backend = _option(check_args, "--mm-attention-backend")
         pre = preflight(root, box_paths, device, backend)
         write_json(os.path.join(out, "preflight.json"), pre)
@@ -514,20 +631,31 @@ def main(argv=None) -> int:
         else:
             torch = sys.modules["torch"]
             hip = getattr(torch.version, "hip", None)
-            env["torch_runtime"] = (f"torch {torch.__version__} ({'ROCm ' + hip if hip else 'CUDA ' + str(torch.version.cuda)}), "
-                                    f"{torch.cuda.device_count()} visible GPU(s)"
-                                    + (f", GPU 0 {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
+            env["torch_runtime"] = (
+                f"torch {torch.__version__} ({'ROCm ' + hip if hip else 'CUDA ' + str(torch.version.cuda)}), "
+                f"{torch.cuda.device_count()} visible GPU(s)"
+                + (
+                    f", GPU 0 {torch.cuda.get_device_name(0)}"
+                    if torch.cuda.is_available()
+                    else ""
+                )
+            )
             write_json(os.path.join(out, "env.json"), env)
             with open(os.path.join(out, "env.md"), "w") as f:
                 f.write(env_markdown(env) + "\n")
             for note in pre["fallback_used"]:
-                print(f"run_gpu_check: note: packed fallback used: {note}", file=sys.stderr)
+                print(
+                    f"run_gpu_check: note: packed fallback used: {note}",
+                    file=sys.stderr,
+                )
             script = os.path.join(root, "scripts", "gpu_vit_check.py")
             sys.argv = [script] + check_args
             try:
                 runpy.run_path(script, run_name="__main__")
             except SystemExit as e:
-                status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                status = (
+                    e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                )
             if status == 143:
                 stopped = "SIGTERM during the check (its finished sections are on disk)"
     except RunnerStopped as e:
@@ -539,14 +667,24 @@ def main(argv=None) -> int:
         signal.signal(signal.SIGTERM, previous)
     record.update(
         standins_installed=sorted(finder.used) if finder else [],
-        modules={name: getattr(sys.modules.get(name), "__file__", None)
-                 for name in ("sglang", "transformers", "numpy", "torch", "typing_extensions")},
+        modules={
+            name: getattr(sys.modules.get(name), "__file__", None)
+            for name in (
+                "sglang",
+                "transformers",
+                "numpy",
+                "torch",
+                "typing_extensions",
+            )
+        },
         sys_path=list(sys.path),
         check_seconds=time.perf_counter() - t0,
         exit_status=status,
         error=error,
         stopped=stopped,
-        sections_on_disk=sorted(f for f in os.listdir(out) if f[:2].isdigit() and f.endswith(".json")),
+        sections_on_disk=sorted(
+            f for f in os.listdir(out) if f[:2].isdigit() and f.endswith(".json")
+        ),
     )
     write_json(os.path.join(out, "bare_runner.json"), record)
     return status

@@ -90,7 +90,12 @@ def spread(values: Sequence[Optional[float]]) -> Optional[Dict[str, float]]:
     xs = [v for v in values if v is not None]
     if not xs:
         return None
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+    return {
+        "median": statistics.median(xs),
+        "min": min(xs),
+        "max": max(xs),
+        "n": len(xs),
+    }
 
 
 def fmt_spread(s: Optional[Dict[str, float]], digits: int = 1) -> str:
@@ -110,25 +115,31 @@ def aggregate(runs: List[dict], labels: Sequence[str]) -> List[dict]:
             continue
         nbursts = max(len(r["result"]["bursts"]) for r in mine)
         for k in range(nbursts):
-            stats = [r["result"]["bursts"][k]["stats"] for r in mine
-                     if k < len(r["result"]["bursts"])]
+            stats = [
+                r["result"]["bursts"][k]["stats"]
+                for r in mine
+                if k < len(r["result"]["bursts"])
+            ]
             images = [s.get("images_per_rank") for s in stats]
             compiles = [s.get("compiles_per_rank") for s in stats]
-            rows.append({
-                "build": label,
-                "burst": k + 1,
-                "runs": len(stats),
-                "completed": sum(s["completed"] for s in stats),
-                "failed": sum(s["failed"] for s in stats),
-                "mean_ttft_ms": spread([s["mean_ttft_ms"] for s in stats]),
-                "p99_ttft_ms": spread([s["p99_ttft_ms"] for s in stats]),
-                "output_tok_s": spread([s["output_tok_s"] for s in stats]),
-                "images_per_rank": images,
-                "encoder": [s.get("encoder") for s in stats],
-                "compiles_per_rank": compiles,
-                "compiles_total": spread([sum(c.values()) if c is not None else None
-                                          for c in compiles]),
-            })
+            rows.append(
+                {
+                    "build": label,
+                    "burst": k + 1,
+                    "runs": len(stats),
+                    "completed": sum(s["completed"] for s in stats),
+                    "failed": sum(s["failed"] for s in stats),
+                    "mean_ttft_ms": spread([s["mean_ttft_ms"] for s in stats]),
+                    "p99_ttft_ms": spread([s["p99_ttft_ms"] for s in stats]),
+                    "output_tok_s": spread([s["output_tok_s"] for s in stats]),
+                    "images_per_rank": images,
+                    "encoder": [s.get("encoder") for s in stats],
+                    "compiles_per_rank": compiles,
+                    "compiles_total": spread(
+                        [sum(c.values()) if c is not None else None for c in compiles]
+                    ),
+                }
+            )
     return rows
 
 
@@ -154,8 +165,10 @@ def table(rows: List[dict], ready: Dict[str, dict]) -> str:
             f"{r['completed']} / {r['failed']} |"
         )
     out.append("")
-    out.append("Medians across runs, (min–max) when there are several; per-run values "
-               "separated by `;` where they differ.")
+    out.append(
+        "Medians across runs, (min–max) when there are several; per-run values "
+        "separated by `;` where they differ."
+    )
     for label, s in ready.items():
         out.append(f"Launch to /health 200, {label}: {fmt_spread(s)} s")
     return "\n".join(out)
@@ -165,24 +178,34 @@ def aggregate_mixed(runs: List[dict], labels: Sequence[str]) -> List[dict]:
     """One row per build across runs of mixed traffic: medians and spreads."""
     rows = []
     for label in labels:
-        stats = [r["mixed"]["stats"] for r in runs if r["build"] == label and r.get("mixed")]
+        stats = [
+            r["mixed"]["stats"] for r in runs if r["build"] == label and r.get("mixed")
+        ]
         if not stats:
             continue
-        rows.append({
-            "build": label,
-            "runs": len(stats),
-            "bursts_served": [s["bursts_served"] for s in stats],
-            "bursts": [s["bursts"] for s in stats],
-            "bursts_per_min": spread([s["bursts_per_min"] for s in stats]),
-            "requests_per_s": spread([s["requests_per_s"] for s in stats]),
-            "mean_ttft_ms": spread([s["mean_ttft_ms"] for s in stats]),
-            "p99_ttft_ms": spread([s["p99_ttft_ms"] for s in stats]),
-            "failed": sum(s["failed"] for s in stats),
-            "bad_rejected": sum(s["bad_requests"] - s["bad_accepted"] for s in stats),
-            "bad_requests": sum(s["bad_requests"] for s in stats),
-            "encoder": [s.get("encoder") for s in stats],
-            "loadavg": [r.get("loadavg") for r in runs if r["build"] == label and r.get("mixed")],
-        })
+        rows.append(
+            {
+                "build": label,
+                "runs": len(stats),
+                "bursts_served": [s["bursts_served"] for s in stats],
+                "bursts": [s["bursts"] for s in stats],
+                "bursts_per_min": spread([s["bursts_per_min"] for s in stats]),
+                "requests_per_s": spread([s["requests_per_s"] for s in stats]),
+                "mean_ttft_ms": spread([s["mean_ttft_ms"] for s in stats]),
+                "p99_ttft_ms": spread([s["p99_ttft_ms"] for s in stats]),
+                "failed": sum(s["failed"] for s in stats),
+                "bad_rejected": sum(
+                    s["bad_requests"] - s["bad_accepted"] for s in stats
+                ),
+                "bad_requests": sum(s["bad_requests"] for s in stats),
+                "encoder": [s.get("encoder") for s in stats],
+                "loadavg": [
+                    r.get("loadavg")
+                    for r in runs
+                    if r["build"] == label and r.get("mixed")
+                ],
+            }
+        )
     return rows
 
 
@@ -195,7 +218,9 @@ def mixed_table(rows: List[dict], ready: Dict[str, dict]) -> str:
     ]
     for r in rows:
         served = "; ".join(f"{a}/{b}" for a, b in zip(r["bursts_served"], r["bursts"]))
-        load = "; ".join("n/a" if la is None else f"{la[0]:.1f} → {la[1]:.1f}" for la in r["loadavg"])
+        load = "; ".join(
+            "n/a" if la is None else f"{la[0]:.1f} → {la[1]:.1f}" for la in r["loadavg"]
+        )
         out.append(
             f"| {r['build']} | {fmt_spread(r['bursts_per_min'])} | "
             f"{fmt_spread(r['requests_per_s'], 2)} | {fmt_spread(r['mean_ttft_ms'])} | "
@@ -205,8 +230,10 @@ def mixed_table(rows: List[dict], ready: Dict[str, dict]) -> str:
             f"{_fmt_per_run(r['encoder'], lambda e: B.fmt_encoder(e)[1])} | {load} |"
         )
     out.append("")
-    out.append("Medians across runs, (min–max) when there are several; per-run values "
-               "separated by `;` where they differ.")
+    out.append(
+        "Medians across runs, (min–max) when there are several; per-run values "
+        "separated by `;` where they differ."
+    )
     for label, s in ready.items():
         out.append(f"Launch to /health 200, {label}: {fmt_spread(s)} s")
     return "\n".join(out)
@@ -215,8 +242,11 @@ def mixed_table(rows: List[dict], ready: Dict[str, dict]) -> str:
 def launch(build: dict, args, log_path: str, ready_timeout: float) -> ServerProcess:
     if args.cpu:
         return CpuServer(
-            args.model_path, log_path=log_path, tp_size=args.tp_size,
-            dp_encoder=args.mm_enable_dp_encoder, python=build["python"],
+            args.model_path,
+            log_path=log_path,
+            tp_size=args.tp_size,
+            dp_encoder=args.mm_enable_dp_encoder,
+            python=build["python"],
             python_path=[build["target"]] if build["target"] else (),
             simulate_rocm_gate=args.simulate_rocm_gate,
             ready_timeout=ready_timeout,
@@ -226,14 +256,28 @@ def launch(build: dict, args, log_path: str, ready_timeout: float) -> ServerProc
             extra_args=["--enable-metrics"] + build["extra_args"],
         )
     port = free_port()
-    cmd = [build["python"], "-m", "sglang.launch_server", "--model-path", args.model_path,
-           *args.server_args, *build["extra_args"], "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        build["python"],
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        args.model_path,
+        *args.server_args,
+        *build["extra_args"],
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     env = dict(os.environ)
     env["TORCH_LOGS"] = args.torch_logs
     if build["target"]:
-        env["PYTHONPATH"] = os.pathsep.join([build["target"]] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return ServerProcess(cmd, env=env, port=port, log_path=log_path,
-                         ready_timeout=ready_timeout)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [build["target"]] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+        )
+    return ServerProcess(
+        cmd, env=env, port=port, log_path=log_path, ready_timeout=ready_timeout
+    )
 
 
 def server_revision(server_args: Sequence[str]) -> Optional[str]:
@@ -256,8 +300,14 @@ def prefetch_model(model_path: str, revision: Optional[str], echo=print) -> dict
     recorded, not counted in any launch-to-ready time.
     """
     if os.path.isdir(model_path):
-        return {"model": model_path, "revision": revision, "local_dir": os.path.abspath(model_path),
-                "fetched": False, "seconds": 0.0, "note": "local folder, nothing to fetch"}
+        return {
+            "model": model_path,
+            "revision": revision,
+            "local_dir": os.path.abspath(model_path),
+            "fetched": False,
+            "seconds": 0.0,
+            "note": "local folder, nothing to fetch",
+        }
     import huggingface_hub
 
     echo(f"pre-fetching {model_path} at revision {revision or 'main'} (untimed)")
@@ -266,12 +316,19 @@ def prefetch_model(model_path: str, revision: Optional[str], echo=print) -> dict
         local = huggingface_hub.snapshot_download(model_path, revision=revision)
     except Exception as e:  # noqa: BLE001 - network, auth, unknown repo or revision
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ABError(f"pre-fetching {model_path} at revision {revision or 'main'} failed: "
-                      f"{type(e).__name__}: {first[:200]}") from None
+        raise ABError(
+            f"pre-fetching {model_path} at revision {revision or 'main'} failed: "
+            f"{type(e).__name__}: {first[:200]}"
+        ) from None
     seconds = time.monotonic() - t0
     echo(f"model files in {local} ({seconds:.1f} s)")
-    return {"model": model_path, "revision": revision, "local_dir": local, "fetched": True,
-            "seconds": seconds}
+    return {
+        "model": model_path,
+        "revision": revision,
+        "local_dir": local,
+        "fetched": True,
+        "seconds": seconds,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -308,17 +365,26 @@ def _parse_amd_smi(text: str) -> Dict[str, float]:
 
 # (tool, query, parser); the first tool on PATH is used.
 SMI_QUERIES = (
-    ("nvidia-smi", ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-     _parse_nvidia_smi),
+    (
+        "nvidia-smi",
+        [
+            "nvidia-smi",
+            "--query-gpu=index,memory.used",
+            "--format=csv,noheader,nounits",
+        ],
+        _parse_nvidia_smi,
+    ),
     ("rocm-smi", ["rocm-smi", "--showmeminfo", "vram", "--json"], _parse_rocm_smi),
     ("amd-smi", ["amd-smi", "metric", "--mem-usage", "--json"], _parse_amd_smi),
 )
 
 
 # The variables that restrict which GPUs a launch may use, per tool family.
-VISIBLE_VARS = {"nvidia-smi": ("CUDA_VISIBLE_DEVICES",),
-                "rocm-smi": ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
-                "amd-smi": ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")}
+VISIBLE_VARS = {
+    "nvidia-smi": ("CUDA_VISIBLE_DEVICES",),
+    "rocm-smi": ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+    "amd-smi": ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+}
 
 
 def visible_gpus(tool: str) -> Tuple[Optional[List[int]], str]:
@@ -360,37 +426,62 @@ def gpu_memory_used() -> Tuple[Optional[str], Dict[str, float], str]:
             return tool, {}, f"{tool} failed: {e}"
         if out.returncode != 0:
             why = (out.stderr.strip().splitlines() or [""])[0][:160]
-            return tool, {}, f"{shlex.join(cmd)} exited with code {out.returncode}: {why}"
+            return (
+                tool,
+                {},
+                f"{shlex.join(cmd)} exited with code {out.returncode}: {why}",
+            )
         try:
             used = parse_out(out.stdout)
         except (ValueError, KeyError, TypeError, IndexError) as e:
-            return tool, {}, f"cannot read {shlex.join(cmd)}'s output ({type(e).__name__}: {e})"
+            return (
+                tool,
+                {},
+                f"cannot read {shlex.join(cmd)}'s output ({type(e).__name__}: {e})",
+            )
         if not used:
             return tool, {}, f"{shlex.join(cmd)} listed no GPU"
         visible, why = visible_gpus(tool)
         if visible is not None:
             used = {g: u for g, u in used.items() if _gpu_index(g) in visible}
             if not used:
-                return tool, {}, f"{shlex.join(cmd)} listed none of the GPUs {why} names"
+                return (
+                    tool,
+                    {},
+                    f"{shlex.join(cmd)} listed none of the GPUs {why} names",
+                )
         return tool, used, ""
     return None, {}, "no nvidia-smi, rocm-smi or amd-smi on PATH"
 
 
-def wait_gpu_memory_released(baseline: Dict[str, float], *, slack_mib: float, timeout: float,
-                             poll: float = 2.0, echo=print) -> dict:
+def wait_gpu_memory_released(
+    baseline: Dict[str, float],
+    *,
+    slack_mib: float,
+    timeout: float,
+    poll: float = 2.0,
+    echo=print,
+) -> dict:
     """Wait until every GPU of ``baseline`` is back within ``slack_mib`` of it.
 
     Returns what was seen; raises ``ABError`` after ``timeout`` seconds. An
     empty baseline (no tool) returns at once with a note.
     """
     if not baseline:
-        return {"waited_s": 0.0, "note": "no GPU memory reading before the first launch: not waiting"}
+        return {
+            "waited_s": 0.0,
+            "note": "no GPU memory reading before the first launch: not waiting",
+        }
     t0 = time.monotonic()
     while True:
         tool, used, note = gpu_memory_used()
         if not used:
             return {"waited_s": time.monotonic() - t0, "note": f"not waiting: {note}"}
-        high = {g: u for g, u in used.items() if g in baseline and u > baseline[g] + slack_mib}
+        high = {
+            g: u
+            for g, u in used.items()
+            if g in baseline and u > baseline[g] + slack_mib
+        }
         waited = time.monotonic() - t0
         if not high:
             return {"tool": tool, "waited_s": waited, "used_mib": used}
@@ -399,7 +490,8 @@ def wait_gpu_memory_released(baseline: Dict[str, float], *, slack_mib: float, ti
             raise ABError(
                 f"GPU memory not released {timeout:.0f} s after the previous server stopped: "
                 f"GPU {g} uses {u:.0f} MiB ({baseline[g]:.0f} MiB before the first launch, "
-                f"slack {slack_mib:.0f} MiB; {tool})")
+                f"slack {slack_mib:.0f} MiB; {tool})"
+            )
         time.sleep(min(poll, max(0.05, timeout - waited)))
 
 
@@ -411,7 +503,9 @@ def wait_gpu_memory_released(baseline: Dict[str, float], *, slack_mib: float, ti
 def write_json_atomic(path: str, data: dict) -> None:
     """Write ``data`` to a temp file in the same folder, then rename it over ``path``."""
     d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d)
+    fd, tmp = tempfile.mkstemp(
+        prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=d
+    )
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1)
@@ -438,7 +532,9 @@ MIN_READY_TIMEOUT_S = 300.0
 
 
 def count_files(path: str) -> int:
-    return sum(len(files) for _, _, files in os.walk(path)) if os.path.isdir(path) else 0
+    return (
+        sum(len(files) for _, _, files in os.walk(path)) if os.path.isdir(path) else 0
+    )
 
 
 def snapshot_tree(src: str, dest: str) -> dict:
@@ -455,8 +551,13 @@ def snapshot_tree(src: str, dest: str) -> dict:
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(src, dest, symlinks=True)
         how = "copy"
-    return {"source": os.path.abspath(src), "snapshot": os.path.abspath(dest), "how": how,
-            "files": count_files(dest), "seconds": time.monotonic() - t0}
+    return {
+        "source": os.path.abspath(src),
+        "snapshot": os.path.abspath(dest),
+        "how": how,
+        "files": count_files(dest),
+        "seconds": time.monotonic() - t0,
+    }
 
 
 def fresh_caches(args, tag: str) -> dict:
@@ -478,9 +579,16 @@ def fresh_caches(args, tag: str) -> dict:
         for var in AITER_VARS:
             env[var] = jit
     empty = {k: count_files(v) == 0 for k, v in env.items() if k in CACHE_VARS}
-    return {"root": root, "env": env, "cold": all(empty.values()),
-            "aiter_jit": "the snapshot taken before the first launch" if args.aiter_jit_dir else
-                         ("not separated: --aiter-jit-dir not given" if not args.cpu else None)}
+    return {
+        "root": root,
+        "env": env,
+        "cold": all(empty.values()),
+        "aiter_jit": (
+            "the snapshot taken before the first launch"
+            if args.aiter_jit_dir
+            else ("not separated: --aiter-jit-dir not given" if not args.cpu else None)
+        ),
+    }
 
 
 def ready_timeout_for(args, measured: Sequence[float]) -> float:
@@ -498,22 +606,37 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
     os.makedirs(args.out_dir, exist_ok=True)
     ab_json = os.path.join(args.out_dir, "ab.json")
     cfg = B.BurstConfig(
-        num_prompts=args.num_prompts, max_concurrency=args.max_concurrency,
-        image_resolution=args.image_resolution, image_count=args.image_count,
-        input_len=args.input_len, output_len=args.output_len, seed=args.seed,
+        num_prompts=args.num_prompts,
+        max_concurrency=args.max_concurrency,
+        image_resolution=args.image_resolution,
+        image_count=args.image_count,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        seed=args.seed,
     )
     wcfg = B.BurstConfig(
-        num_prompts=args.warmup_text_prompts, max_concurrency=args.max_concurrency,
+        num_prompts=args.warmup_text_prompts,
+        max_concurrency=args.max_concurrency,
         input_len=args.warmup_text_input_len or args.input_len,
-        output_len=args.warmup_text_output_len or args.output_len, seed=args.seed,
+        output_len=args.warmup_text_output_len or args.output_len,
+        seed=args.seed,
     )
     labels = [b["label"] for b in builds]
     runs: List[dict] = []
-    state = {"command": command, "builds": builds, "complete": False, "error": None,
-             "runs": runs, "config": vars(cfg),
-             "warmup_text_config": vars(wcfg) if args.warmup_text_prompts else None,
-             "seed_step": args.seed_step, "prefetch": None, "gpu_memory_before": None,
-             "throwaway": [], "aiter_jit_snapshot": None}
+    state = {
+        "command": command,
+        "builds": builds,
+        "complete": False,
+        "error": None,
+        "runs": runs,
+        "config": vars(cfg),
+        "warmup_text_config": vars(wcfg) if args.warmup_text_prompts else None,
+        "seed_step": args.seed_step,
+        "prefetch": None,
+        "gpu_memory_before": None,
+        "throwaway": [],
+        "aiter_jit_snapshot": None,
+    }
 
     def save() -> None:
         if args.mixed:
@@ -521,8 +644,10 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
             state["rows"] = []
         else:
             state["rows"] = aggregate(runs, labels)
-        state["ready_s"] = {lab: spread([r["ready_s"] for r in runs if r["build"] == lab])
-                            for lab in labels}
+        state["ready_s"] = {
+            lab: spread([r["ready_s"] for r in runs if r["build"] == lab])
+            for lab in labels
+        }
         write_json_atomic(ab_json, state)
 
     try:
@@ -530,26 +655,41 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
             bench_model, gpu_before = args.model_path, {}
             state["gpu_memory_before"] = {"note": "--cpu: no GPU memory to wait for"}
         else:
-            state["prefetch"] = prefetch_model(args.model_path, server_revision(args.server_args),
-                                               echo=echo)
+            state["prefetch"] = prefetch_model(
+                args.model_path, server_revision(args.server_args), echo=echo
+            )
             bench_model = state["prefetch"]["local_dir"]
             tool, gpu_before, note = gpu_memory_used()
-            state["gpu_memory_before"] = {"tool": tool, "used_mib": gpu_before, "note": note}
+            state["gpu_memory_before"] = {
+                "tool": tool,
+                "used_mib": gpu_before,
+                "note": note,
+            }
             if note:
-                echo(f"GPU memory: {note}; launches will not wait for it to be released")
+                echo(
+                    f"GPU memory: {note}; launches will not wait for it to be released"
+                )
         save()
         if args.aiter_jit_dir:
             state["aiter_jit_snapshot"] = snapshot_tree(
-                args.aiter_jit_dir, os.path.join(args.cache_root, "aiter-jit-snapshot"))
-            echo(f"aiter JIT folder {args.aiter_jit_dir} snapshotted (hard links) before the first launch")
-        launches: List[dict] = []  # every launch, throwaway ones included, for the ready timeout
+                args.aiter_jit_dir, os.path.join(args.cache_root, "aiter-jit-snapshot")
+            )
+            echo(
+                f"aiter JIT folder {args.aiter_jit_dir} snapshotted (hard links) before the first launch"
+            )
+        launches: List[dict] = (
+            []
+        )  # every launch, throwaway ones included, for the ready timeout
 
         def one_launch(build: dict, tag: str, run_no: Optional[int]) -> dict:
             gpu_wait = None
             if launches and not args.cpu:
                 gpu_wait = wait_gpu_memory_released(
-                    gpu_before, slack_mib=args.gpu_release_slack_mib,
-                    timeout=args.gpu_release_timeout, echo=echo)
+                    gpu_before,
+                    slack_mib=args.gpu_release_slack_mib,
+                    timeout=args.gpu_release_timeout,
+                    echo=echo,
+                )
                 if gpu_wait["waited_s"] >= 1:
                     echo(f"[{tag}] waited {gpu_wait['waited_s']:.1f} s for GPU memory")
             ready_timeout = ready_timeout_for(args, [x["ready_s"] for x in launches])
@@ -557,9 +697,11 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
             srv = launch(build, args, log_path, ready_timeout=ready_timeout)
             caches = fresh_caches(args, tag)
             srv.env.update(caches["env"])
-            echo(f"[{tag}] launching ({build['label']}: {build['python']}"
-                 + (f", PYTHONPATH={build['target']}" if build["target"] else "")
-                 + f"; cold caches under {caches['root']}; ready timeout {ready_timeout:.0f} s)")
+            echo(
+                f"[{tag}] launching ({build['label']}: {build['python']}"
+                + (f", PYTHONPATH={build['target']}" if build["target"] else "")
+                + f"; cold caches under {caches['root']}; ready timeout {ready_timeout:.0f} s)"
+            )
             mixed = result = None
             load_start = None
             try:
@@ -570,41 +712,74 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
                 if run_no is None:
                     pass  # a throwaway launch: up, then down
                 elif args.mixed:
-                    mixed = B.run_mixed(args, srv.base_url, bench_model,
-                                        echo=lambda m: echo(f"[{tag}] {m}"))
+                    mixed = B.run_mixed(
+                        args,
+                        srv.base_url,
+                        bench_model,
+                        echo=lambda m: echo(f"[{tag}] {m}"),
+                    )
                 else:
                     memory = None
                     if args.memory:
-                        memory = B.MemorySampler(pids=srv.pids) if args.cpu else \
-                            B.MemorySampler(gpu_reader=lambda: gpu_memory_used()[1])
+                        memory = (
+                            B.MemorySampler(pids=srv.pids)
+                            if args.cpu
+                            else B.MemorySampler(
+                                gpu_reader=lambda: gpu_memory_used()[1]
+                            )
+                        )
                     result = B.run_bursts(
-                        base_url=srv.base_url, model=bench_model,
+                        base_url=srv.base_url,
+                        model=bench_model,
                         tokenizer=args.tokenizer or bench_model,
-                        bursts=args.bursts, cfg=cfg, seed_step=args.seed_step,
-                        warmup_text_prompts=args.warmup_text_prompts, warmup_text_cfg=wcfg,
-                        server_log=log_path, work_dir=os.path.join(args.out_dir, tag),
-                        timeout=args.burst_timeout, echo=lambda m: echo(f"[{tag}] {m}"),
-                        text_stream=({"concurrency": args.text_stream_concurrency,
-                                      "output_len": args.text_stream_output_len}
-                                     if args.text_stream_concurrency else None),
-                        memory=memory, unseen_sizes=args.unseen_sizes,
+                        bursts=args.bursts,
+                        cfg=cfg,
+                        seed_step=args.seed_step,
+                        warmup_text_prompts=args.warmup_text_prompts,
+                        warmup_text_cfg=wcfg,
+                        server_log=log_path,
+                        work_dir=os.path.join(args.out_dir, tag),
+                        timeout=args.burst_timeout,
+                        echo=lambda m: echo(f"[{tag}] {m}"),
+                        text_stream=(
+                            {
+                                "concurrency": args.text_stream_concurrency,
+                                "output_len": args.text_stream_output_len,
+                            }
+                            if args.text_stream_concurrency
+                            else None
+                        ),
+                        memory=memory,
+                        unseen_sizes=args.unseen_sizes,
                         unseen_output_len=args.unseen_output_len,
                     )
             finally:
                 left = srv.stop()
                 if left:
                     echo(f"[{tag}] WARNING: processes left after stop: {left}")
-            caches["files_after"] = {k: count_files(v) for k, v in caches["env"].items()}
-            return {"run": run_no, "build": build["label"], "ready_s": ready,
-                    "ready_timeout_s": ready_timeout, "caches": caches,
-                    "server_flags": srv.server_flags, "server_env": _env_of(srv),
-                    "server_log": log_path, "gpu_memory_wait": gpu_wait,
-                    "result": result, "mixed": mixed,
-                    "loadavg": [load_start, os.getloadavg()[0]]}
+            caches["files_after"] = {
+                k: count_files(v) for k, v in caches["env"].items()
+            }
+            return {
+                "run": run_no,
+                "build": build["label"],
+                "ready_s": ready,
+                "ready_timeout_s": ready_timeout,
+                "caches": caches,
+                "server_flags": srv.server_flags,
+                "server_env": _env_of(srv),
+                "server_log": log_path,
+                "gpu_memory_wait": gpu_wait,
+                "result": result,
+                "mixed": mixed,
+                "loadavg": [load_start, os.getloadavg()[0]],
+            }
 
         if args.throwaway_launch:
             for build in builds:
-                state["throwaway"].append(one_launch(build, f"throwaway-{build['label']}", None))
+                state["throwaway"].append(
+                    one_launch(build, f"throwaway-{build['label']}", None)
+                )
                 save()
         for i in range(args.runs):
             for build in builds:
@@ -620,24 +795,42 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
 
 
 def _env_of(srv: ServerProcess) -> Dict[str, str]:
-    keys = ("SGLANG_USE_CPU_ENGINE", "SGLANG_CPU_OMP_THREADS_BIND", "SGLANG_NCCL_SO_PATH",
-            "TORCH_LOGS", "FORK_DEMO_SIMULATE_ROCM_GATE", "OMP_NUM_THREADS", "PYTHONPATH")
+    keys = (
+        "SGLANG_USE_CPU_ENGINE",
+        "SGLANG_CPU_OMP_THREADS_BIND",
+        "SGLANG_NCCL_SO_PATH",
+        "TORCH_LOGS",
+        "FORK_DEMO_SIMULATE_ROCM_GATE",
+        "OMP_NUM_THREADS",
+        "PYTHONPATH",
+    )
     return {k: srv.env[k] for k in keys if k in srv.env}
 
 
 def _builds_and_flags(builds: List[dict], first: dict) -> List[str]:
     """Report lines: each build (version, series, interpreter, tree) and the server flags."""
-    lines = [f"- {b['label']}: sglang {b['version']}, series {b['series_hash']} "
-             f"({b['python']}" + (f", PYTHONPATH={b['target']})" if b["target"] else ")")
-             + (f", its own flags `{shlex.join(b['extra_args'])}`" if b.get("extra_args") else "")
-             for b in builds]
+    lines = [
+        f"- {b['label']}: sglang {b['version']}, series {b['series_hash']} "
+        f"({b['python']}"
+        + (f", PYTHONPATH={b['target']})" if b["target"] else ")")
+        + (
+            f", its own flags `{shlex.join(b['extra_args'])}`"
+            if b.get("extra_args")
+            else ""
+        )
+        for b in builds
+    ]
     return lines + [f"- server flags: `{shlex.join(first['server_flags'])}`"]
 
 
 def _server_env(first: dict) -> List[str]:
     """Report line: the server environment the harness set (PYTHONPATH aside)."""
     env = {k: v for k, v in first["server_env"].items() if k != "PYTHONPATH"}
-    return ["- server env: " + ", ".join(f"`{k}={v}`" for k, v in env.items())] if env else []
+    return (
+        ["- server env: " + ", ".join(f"`{k}={v}`" for k, v in env.items())]
+        if env
+        else []
+    )
 
 
 def _launch_lines(ab: dict) -> List[str]:
@@ -649,14 +842,18 @@ def _launch_lines(ab: dict) -> List[str]:
     cold = [r for r in with_caches if r["caches"]["cold"]]
     root = os.path.dirname(with_caches[0]["caches"]["root"])
     aiter = with_caches[0]["caches"].get("aiter_jit")
-    lines = [f"- compile caches: {len(cold)} of {len(with_caches)} launches cold (each its own empty "
-             f"TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR under {root})"
-             + (f"; aiter JIT: {aiter}" if aiter else "")]
+    lines = [
+        f"- compile caches: {len(cold)} of {len(with_caches)} launches cold (each its own empty "
+        f"TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR under {root})"
+        + (f"; aiter JIT: {aiter}" if aiter else "")
+    ]
     timeouts = sorted({round(r["ready_timeout_s"]) for r in with_caches})
     lines.append("- ready timeouts (s): " + ", ".join(str(t) for t in timeouts))
     if ab.get("throwaway"):
-        lines.append("- untimed throwaway launches first: " + ", ".join(
-            f"{r['build']} {r['ready_s']:.1f} s" for r in ab["throwaway"]))
+        lines.append(
+            "- untimed throwaway launches first: "
+            + ", ".join(f"{r['build']} {r['ready_s']:.1f} s" for r in ab["throwaway"])
+        )
     return lines
 
 
@@ -668,10 +865,16 @@ def _burst_image_lines(ab: dict, labels: Sequence[str]) -> List[str]:
     later = first[1:]
     if all(b.get("same_images_as_burst") for b in later):
         which = "burst 2 sends" if len(first) == 2 else f"bursts 2-{len(first)} send"
-        what = (f"{which} burst 1's images again (seed {first[0]['seed']}, the seed's protocol; "
-                "--seed-step 1 for fresh ones)")
+        what = (
+            f"{which} burst 1's images again (seed {first[0]['seed']}, the seed's protocol; "
+            "--seed-step 1 for fresh ones)"
+        )
     else:
-        what = "every burst sends fresh images (seeds " + ", ".join(str(b["seed"]) for b in first) + ")"
+        what = (
+            "every burst sends fresh images (seeds "
+            + ", ".join(str(b["seed"]) for b in first)
+            + ")"
+        )
     lines = [f"- burst images: {what}"]
     for label in labels:
         hits = []
@@ -682,8 +885,10 @@ def _burst_image_lines(ab: dict, labels: Sequence[str]) -> List[str]:
                 h = b["stats"].get("encoder_cache_hits")
                 hits.append("n/a" if h is None else f"{h}/{b['stats']['images_sent']}")
         if hits:
-            lines.append(f"- encoder-cache hits in bursts 2+ (images sent minus images encoded, "
-                         f"from /metrics), {label}: " + "; ".join(hits))
+            lines.append(
+                f"- encoder-cache hits in bursts 2+ (images sent minus images encoded, "
+                f"from /metrics), {label}: " + "; ".join(hits)
+            )
     return lines
 
 
@@ -697,18 +902,24 @@ def mixed_ab_report(ab: dict, builds: List[dict], command: str) -> str:
     w = m.get("warmup")
     lines.append(
         f"- per run: fresh server; "
-        + (f"{w['config']['bursts']} untimed mixed warm-up bursts (seed {w['config']['seed']}); "
-           if w else "no warm-up; ")
+        + (
+            f"{w['config']['bursts']} untimed mixed warm-up bursts (seed {w['config']['seed']}); "
+            if w
+            else "no warm-up; "
+        )
         + f"{cfg['bursts']} bursts x ({cfg['burst_size']} single-image requests, "
         f"{cfg['repeats']} of them repeats of the previous burst's images, + {cfg['bad']} bad "
         f"image) sent together, the next when all answered; widths {cfg['min_width']}-"
         f"{cfg['max_width']}, heights {cfg['min_height']}-{cfg['max_height']} px (about "
         f"{plan['patches_mean']:.0f} patches per image), {cfg['output_len']} output tokens, "
-        f"seed {cfg['seed']}")
+        f"seed {cfg['seed']}"
+    )
     order = " ".join(r["build"] for r in ab["runs"])
     lines.append(f"- runs: {len(ab['runs']) // len(builds)} per build, order {order}")
     lines.extend(_launch_lines(ab))
-    lines.append(f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}")
+    lines.append(
+        f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}"
+    )
     lines += ["", mixed_table(ab["mixed_rows"], ab["ready_s"])]
     return "\n".join(lines) + "\n"
 
@@ -723,16 +934,24 @@ def report(ab: dict, builds: List[dict], command: str) -> str:
     lines.extend(_builds_and_flags(builds, first))
     pf = ab.get("prefetch")
     if pf:
-        lines.append(f"- model files: {pf['local_dir']} ("
-                     + (f"{pf['model']} at revision {pf['revision'] or 'main'}, fetched untimed "
-                        f"before the first launch in {pf['seconds']:.1f} s)" if pf["fetched"]
-                        else "a local folder)"))
+        lines.append(
+            f"- model files: {pf['local_dir']} ("
+            + (
+                f"{pf['model']} at revision {pf['revision'] or 'main'}, fetched untimed "
+                f"before the first launch in {pf['seconds']:.1f} s)"
+                if pf["fetched"]
+                else "a local folder)"
+            )
+        )
     lines.extend(_server_env(first))
     w = ab.get("warmup_text_config")
     lines.append(
         f"- per run: fresh server; "
-        + (f"text warm-up {w['num_prompts']} prompts ({w['input_len']}/{w['output_len']} tokens); "
-           if w else "no warm-up; ")
+        + (
+            f"text warm-up {w['num_prompts']} prompts ({w['input_len']}/{w['output_len']} tokens); "
+            if w
+            else "no warm-up; "
+        )
         + f"{len(first['result']['bursts'])} image bursts x {cfg['num_prompts']} prompts at "
         f"concurrency {cfg['max_concurrency']}, {cfg['image_count']} image(s) of "
         f"{cfg['image_resolution']}, {cfg['input_len']}/{cfg['output_len']} tokens, seeds "
@@ -742,7 +961,9 @@ def report(ab: dict, builds: List[dict], command: str) -> str:
     lines.append(f"- runs: {len(ab['runs']) // len(builds)} per build, order {order}")
     lines.extend(_launch_lines(ab))
     lines.extend(_burst_image_lines(ab, [b["label"] for b in builds]))
-    lines.append(f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}")
+    lines.append(
+        f"- date: {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}"
+    )
     lines += ["", table(ab["rows"], ab["ready_s"])]
     lines += beside_tables(ab, [b["label"] for b in builds])
     return "\n".join(lines) + "\n"
@@ -752,38 +973,61 @@ def beside_tables(ab: dict, labels: Sequence[str]) -> List[str]:
     """The text stream, unseen-size and memory tables, when those options ran."""
     runs = [r for r in ab["runs"] if r.get("result")]
     out: List[str] = []
-    stream = [r for r in runs if any(b["stats"].get("text_stream") for b in r["result"]["bursts"])]
+    stream = [
+        r
+        for r in runs
+        if any(b["stats"].get("text_stream") for b in r["result"]["bursts"])
+    ]
     if stream:
         s0 = stream[0]["result"]["bursts"][0]["stats"]["text_stream"]
-        out += ["", f"Text-only stream beside the image bursts ({s0['concurrency']} concurrent requests, "
-                    f"{s0['output_len']} output tokens; medians across runs, (min–max)). \"Beside images\": "
-                    "the requests sent while the burst's image requests were in flight (bench_serving's "
-                    "duration back from its exit, + 2 s); \"whole stream\": from before bench_serving's "
-                    "start-up to its exit:", "",
-                "| Build | Burst | Beside images: mean TTFT (ms) | P50 (ms) | P99 (ms) | completed / failed "
-                "| Whole stream: mean TTFT (ms) | P99 (ms) | completed / failed |",
-                "|---|---|---|---|---|---|---|---|---|"]
-        none = {"mean_ttft_ms": None, "p50_ttft_ms": None, "p99_ttft_ms": None, "completed": 0, "failed": 0}
+        out += [
+            "",
+            f"Text-only stream beside the image bursts ({s0['concurrency']} concurrent requests, "
+            f"{s0['output_len']} output tokens; medians across runs, (min–max)). \"Beside images\": "
+            "the requests sent while the burst's image requests were in flight (bench_serving's "
+            'duration back from its exit, + 2 s); "whole stream": from before bench_serving\'s '
+            "start-up to its exit:",
+            "",
+            "| Build | Burst | Beside images: mean TTFT (ms) | P50 (ms) | P99 (ms) | completed / failed "
+            "| Whole stream: mean TTFT (ms) | P99 (ms) | completed / failed |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        none = {
+            "mean_ttft_ms": None,
+            "p50_ttft_ms": None,
+            "p99_ttft_ms": None,
+            "completed": 0,
+            "failed": 0,
+        }
         for label in labels:
             mine = [r for r in stream if r["build"] == label]
             for k in range(max((len(r["result"]["bursts"]) for r in mine), default=0)):
-                ts = [r["result"]["bursts"][k]["stats"]["text_stream"] for r in mine
-                      if k < len(r["result"]["bursts"])]
+                ts = [
+                    r["result"]["bursts"][k]["stats"]["text_stream"]
+                    for r in mine
+                    if k < len(r["result"]["bursts"])
+                ]
                 ws = [t.get("in_window") or none for t in ts]
-                out.append(f"| {label} | {k + 1} | {fmt_spread(spread([t['mean_ttft_ms'] for t in ws]))} | "
-                           f"{fmt_spread(spread([t['p50_ttft_ms'] for t in ws]))} | "
-                           f"{fmt_spread(spread([t['p99_ttft_ms'] for t in ws]))} | "
-                           f"{sum(t['completed'] for t in ws)} / {sum(t['failed'] for t in ws)} | "
-                           f"{fmt_spread(spread([t['mean_ttft_ms'] for t in ts]))} | "
-                           f"{fmt_spread(spread([t['p99_ttft_ms'] for t in ts]))} | "
-                           f"{sum(t['completed'] for t in ts)} / {sum(t['failed'] for t in ts)} |")
+                out.append(
+                    f"| {label} | {k + 1} | {fmt_spread(spread([t['mean_ttft_ms'] for t in ws]))} | "
+                    f"{fmt_spread(spread([t['p50_ttft_ms'] for t in ws]))} | "
+                    f"{fmt_spread(spread([t['p99_ttft_ms'] for t in ws]))} | "
+                    f"{sum(t['completed'] for t in ws)} / {sum(t['failed'] for t in ws)} | "
+                    f"{fmt_spread(spread([t['mean_ttft_ms'] for t in ts]))} | "
+                    f"{fmt_spread(spread([t['p99_ttft_ms'] for t in ts]))} | "
+                    f"{sum(t['completed'] for t in ts)} / {sum(t['failed'] for t in ts)} |"
+                )
     unseen = [r for r in runs if r["result"].get("unseen_sizes")]
     if unseen:
-        out += ["", "Image sizes no warm-up used, after the bursts (first request of each size vs a second "
-                    "fresh image of that size; medians across runs, (min–max); compiles per run):", "",
-                "| Build | Size (HxW) | First TTFT (ms) | Repeat TTFT (ms) | Extra TTFT of the first (ms) "
-                "| Compiles after the first | Compiles after the repeat |",
-                "|---|---|---|---|---|---|---|"]
+        out += [
+            "",
+            "Image sizes no warm-up used, after the bursts (first request of each size vs a second "
+            "fresh image of that size; medians across runs, (min–max); compiles per run):",
+            "",
+            "| Build | Size (HxW) | First TTFT (ms) | Repeat TTFT (ms) | Extra TTFT of the first (ms) "
+            "| Compiles after the first | Compiles after the repeat |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for label in labels:
             mine = [r["result"]["unseen_sizes"] for r in unseen if r["build"] == label]
             for i in range(max((len(m) for m in mine), default=0)):
@@ -794,35 +1038,59 @@ def beside_tables(ab: dict, labels: Sequence[str]) -> List[str]:
                     f"{fmt_spread(spread([x['repeat_ttft_ms'] for x in rows]))} | "
                     f"{fmt_spread(spread([x['extra_ttft_ms'] for x in rows]))} | "
                     f"{_fmt_per_run([x['first_compiles'] for x in rows], B.fmt_compiles)} | "
-                    f"{_fmt_per_run([x['repeat_compiles'] for x in rows], B.fmt_compiles)} |")
-    mem = [r for r in runs if any(b["stats"].get("memory") for b in r["result"]["bursts"])]
+                    f"{_fmt_per_run([x['repeat_compiles'] for x in rows], B.fmt_compiles)} |"
+                )
+    mem = [
+        r for r in runs if any(b["stats"].get("memory") for b in r["result"]["bursts"])
+    ]
     if mem:
-        out += ["", "Peak memory per rank per burst (MiB; medians across runs, (min–max)): scheduler peak "
-                    "RSS on the CPU, the largest used memory per GPU seen by the smi tool on a GPU:", "",
-                "| Build | Burst | Per rank / GPU |", "|---|---|---|"]
+        out += [
+            "",
+            "Peak memory per rank per burst (MiB; medians across runs, (min–max)): scheduler peak "
+            "RSS on the CPU, the largest used memory per GPU seen by the smi tool on a GPU:",
+            "",
+            "| Build | Burst | Per rank / GPU |",
+            "|---|---|---|",
+        ]
         for label in labels:
             mine = [r for r in mem if r["build"] == label]
             for k in range(max((len(r["result"]["bursts"]) for r in mine), default=0)):
-                ms = [r["result"]["bursts"][k]["stats"].get("memory") or {} for r in mine
-                      if k < len(r["result"]["bursts"])]
+                ms = [
+                    r["result"]["bursts"][k]["stats"].get("memory") or {}
+                    for r in mine
+                    if k < len(r["result"]["bursts"])
+                ]
                 per = {}
                 for m in ms:
-                    for key, v in {**m.get("scheduler_peak_rss_mib", {}), **m.get("gpu_peak_used_mib", {})}.items():
+                    for key, v in {
+                        **m.get("scheduler_peak_rss_mib", {}),
+                        **m.get("gpu_peak_used_mib", {}),
+                    }.items():
                         per.setdefault(key, []).append(v)
-                cells = "; ".join(f"{key}: {fmt_spread(spread(v), 0)}" for key, v in sorted(per.items()))
+                cells = "; ".join(
+                    f"{key}: {fmt_spread(spread(v), 0)}"
+                    for key, v in sorted(per.items())
+                )
                 out.append(f"| {label} | {k + 1} | {cells or 'n/a'} |")
     return out
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--model-path", required=True)
-    p.add_argument("--tokenizer", help="tokenizer folder for bench_serving (default: the model's "
-                                       "local folder, see the pre-fetch above)")
+    p.add_argument(
+        "--tokenizer",
+        help="tokenizer folder for bench_serving (default: the model's "
+        "local folder, see the pre-fetch above)",
+    )
     p.add_argument("--a-python", default=sys.executable)
-    p.add_argument("--a-target", help="folder holding build A's sglang (first on PYTHONPATH)")
+    p.add_argument(
+        "--a-target", help="folder holding build A's sglang (first on PYTHONPATH)"
+    )
     p.add_argument("--a-label", default="base")
     p.add_argument("--b-python", default=sys.executable)
     p.add_argument("--b-target", help="folder holding build B's sglang")
@@ -837,64 +1105,125 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--seed-step", type=int, default=0, help="see bench_image_burst.py")
-    p.add_argument("--warmup-text-prompts", type=int, default=64,
-                   help="text-only warm-up prompts per fresh server (0: none)")
+    p.add_argument(
+        "--warmup-text-prompts",
+        type=int,
+        default=64,
+        help="text-only warm-up prompts per fresh server (0: none)",
+    )
     p.add_argument("--warmup-text-input-len", type=int)
     p.add_argument("--warmup-text-output-len", type=int)
-    p.add_argument("--torch-logs", default="recompiles,dynamo",
-                   help="TORCH_LOGS for the server (compiles after ready are counted from it)")
-    p.add_argument("--ready-timeout", type=float, default=None,
-                   help="seconds from launch to /health 200 (default: 1800 for the first launch, "
-                        "then 3x the slowest launch so far, at least 300; the model is fetched before)")
-    p.add_argument("--prefetch-only", action="store_true",
-                   help="fetch the model (the --revision after --) and stop: run it first, under its "
-                        "own time limit, so no download falls inside the A/B's")
-    p.add_argument("--throwaway-launch", action="store_true",
-                   help="one untimed launch of each build first (for JIT caches that cannot be "
-                        "pointed elsewhere); also gives the ready timeout its first measurement")
-    p.add_argument("--aiter-jit-dir",
-                   help="ROCm: aiter's JIT folder; snapshotted (hard links) before the first launch, "
-                        "and every launch gets its own copy as AITER_JIT_DIR / JIT_WORKSPACE_DIR")
-    p.add_argument("--cache-root",
-                   help="where each launch's fresh TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR go "
-                        "(default OUT_DIR/caches)")
-    p.add_argument("--burst-timeout", type=float,
-                   help="seconds per bench_serving run (default: derived from the burst, "
-                        "see bench_image_burst.burst_timeout_s; 272 s for the seed's)")
-    p.add_argument("--gpu-release-timeout", type=float, default=300.0,
-                   help="seconds to wait, between launches, for GPU memory to be released")
-    p.add_argument("--gpu-release-slack-mib", type=float, default=1024.0,
-                   help="released = every GPU within this many MiB of its use before the first launch")
-    p.add_argument("--allow-patched-base", action="store_true",
-                   help="run even when build A's tree already carries the series (refused by default: "
-                        "a base copied after an in-place apply is not the base)")
+    p.add_argument(
+        "--torch-logs",
+        default="recompiles,dynamo",
+        help="TORCH_LOGS for the server (compiles after ready are counted from it)",
+    )
+    p.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=None,
+        help="seconds from launch to /health 200 (default: 1800 for the first launch, "
+        "then 3x the slowest launch so far, at least 300; the model is fetched before)",
+    )
+    p.add_argument(
+        "--prefetch-only",
+        action="store_true",
+        help="fetch the model (the --revision after --) and stop: run it first, under its "
+        "own time limit, so no download falls inside the A/B's",
+    )
+    p.add_argument(
+        "--throwaway-launch",
+        action="store_true",
+        help="one untimed launch of each build first (for JIT caches that cannot be "
+        "pointed elsewhere); also gives the ready timeout its first measurement",
+    )
+    p.add_argument(
+        "--aiter-jit-dir",
+        help="ROCm: aiter's JIT folder; snapshotted (hard links) before the first launch, "
+        "and every launch gets its own copy as AITER_JIT_DIR / JIT_WORKSPACE_DIR",
+    )
+    p.add_argument(
+        "--cache-root",
+        help="where each launch's fresh TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR go "
+        "(default OUT_DIR/caches)",
+    )
+    p.add_argument(
+        "--burst-timeout",
+        type=float,
+        help="seconds per bench_serving run (default: derived from the burst, "
+        "see bench_image_burst.burst_timeout_s; 272 s for the seed's)",
+    )
+    p.add_argument(
+        "--gpu-release-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait, between launches, for GPU memory to be released",
+    )
+    p.add_argument(
+        "--gpu-release-slack-mib",
+        type=float,
+        default=1024.0,
+        help="released = every GPU within this many MiB of its use before the first launch",
+    )
+    p.add_argument(
+        "--allow-patched-base",
+        action="store_true",
+        help="run even when build A's tree already carries the series (refused by default: "
+        "a base copied after an in-place apply is not the base)",
+    )
     p.add_argument("--out-dir", default="ab_image_burst")
-    p.add_argument("--cpu", action="store_true", help="the fork's CPU server (docs/cpu.md)")
+    p.add_argument(
+        "--cpu", action="store_true", help="the fork's CPU server (docs/cpu.md)"
+    )
     p.add_argument("--tp-size", type=int, default=2, help="--cpu only")
     p.add_argument("--mm-enable-dp-encoder", action="store_true", help="--cpu only")
-    p.add_argument("--simulate-rocm-gate", action="store_true", help="--cpu only (demo)")
-    p.add_argument("--omp-threads", type=int,
-                   help="--cpu only: OMP_NUM_THREADS of the server (default: the CPUs split per "
-                        "rank; 0: unset, torch's one thread per CPU in every rank)")
-    p.add_argument("--a-extra-args", default="",
-                   help="launch flags for build A only, one shell-quoted string (e.g. a cap: "
-                        "'--mm-max-encoder-patches-per-call 8192'); --cpu too")
+    p.add_argument(
+        "--simulate-rocm-gate", action="store_true", help="--cpu only (demo)"
+    )
+    p.add_argument(
+        "--omp-threads",
+        type=int,
+        help="--cpu only: OMP_NUM_THREADS of the server (default: the CPUs split per "
+        "rank; 0: unset, torch's one thread per CPU in every rank)",
+    )
+    p.add_argument(
+        "--a-extra-args",
+        default="",
+        help="launch flags for build A only, one shell-quoted string (e.g. a cap: "
+        "'--mm-max-encoder-patches-per-call 8192'); --cpu too",
+    )
     p.add_argument("--b-extra-args", default="", help="launch flags for build B only")
-    g = p.add_argument_group("beside the images (the reviewer's three costs; docs/benchmarks.md)")
-    g.add_argument("--text-stream-concurrency", type=int, default=0,
-                   help="a text-only stream of this many concurrent requests during every image burst "
-                        "(0: none); its TTFT mean/P50/P99 per build and burst")
+    g = p.add_argument_group(
+        "beside the images (the reviewer's three costs; docs/benchmarks.md)"
+    )
+    g.add_argument(
+        "--text-stream-concurrency",
+        type=int,
+        default=0,
+        help="a text-only stream of this many concurrent requests during every image burst "
+        "(0: none); its TTFT mean/P50/P99 per build and burst",
+    )
     g.add_argument("--text-stream-output-len", type=int, default=16)
-    g.add_argument("--unseen-sizes", type=B.sizes_arg, default=(),
-                   help="HxW,...: after the bursts, each size's first request vs a second fresh image "
-                        f"of the same size, with the compiles each caused (e.g. {B.DEFAULT_UNSEEN_SIZES})")
+    g.add_argument(
+        "--unseen-sizes",
+        type=B.sizes_arg,
+        default=(),
+        help="HxW,...: after the bursts, each size's first request vs a second fresh image "
+        f"of the same size, with the compiles each caused (e.g. {B.DEFAULT_UNSEEN_SIZES})",
+    )
     g.add_argument("--unseen-output-len", type=int, default=4)
-    g.add_argument("--memory", action="store_true",
-                   help="peak memory per rank per burst: scheduler peak RSS (--cpu) or the largest "
-                        "used memory per visible GPU seen by the smi tool every 0.25 s")
+    g.add_argument(
+        "--memory",
+        action="store_true",
+        help="peak memory per rank per burst: scheduler peak RSS (--cpu) or the largest "
+        "used memory per visible GPU seen by the smi tool every 0.25 s",
+    )
     B.add_mixed_arguments(p)
-    p.add_argument("server_args", nargs=argparse.REMAINDER,
-                   help="-- then launch_server flags (GPU runs)")
+    p.add_argument(
+        "server_args",
+        nargs=argparse.REMAINDER,
+        help="-- then launch_server flags (GPU runs)",
+    )
     return p
 
 
@@ -903,8 +1232,15 @@ def parse(argv=None):
     args = p.parse_args(argv)
     if args.server_args and args.server_args[0] == "--":
         args.server_args = args.server_args[1:]
-    for name in ("runs", "bursts", "num_prompts", "max_concurrency", "image_count",
-                 "input_len", "output_len"):
+    for name in (
+        "runs",
+        "bursts",
+        "num_prompts",
+        "max_concurrency",
+        "image_count",
+        "input_len",
+        "output_len",
+    ):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     try:
@@ -914,8 +1250,10 @@ def parse(argv=None):
     if args.cpu and args.server_args:
         p.error("--cpu builds its own server flags; drop the arguments after --")
     if not args.cpu and (args.simulate_rocm_gate or args.mm_enable_dp_encoder):
-        p.error("--simulate-rocm-gate/--mm-enable-dp-encoder are --cpu options; "
-                "pass launch_server flags after -- instead")
+        p.error(
+            "--simulate-rocm-gate/--mm-enable-dp-encoder are --cpu options; "
+            "pass launch_server flags after -- instead"
+        )
     for side in ("a", "b"):
         t = getattr(args, f"{side}_target")
         if t and not os.path.isdir(os.path.join(t, "sglang")):
@@ -938,20 +1276,34 @@ def parse(argv=None):
             p.error(f"--{name.replace('_', '-')} must be > 0")
     if args.gpu_release_slack_mib < 0:
         p.error("--gpu-release-slack-mib must be >= 0")
-    if args.text_stream_concurrency < 0 or args.text_stream_output_len < 1 or args.unseen_output_len < 1:
+    if (
+        args.text_stream_concurrency < 0
+        or args.text_stream_output_len < 1
+        or args.unseen_output_len < 1
+    ):
         p.error("--text-stream-concurrency must be >= 0 and the output lengths >= 1")
     for side in ("a", "b"):
         try:
-            setattr(args, f"{side}_extra_args", shlex.split(getattr(args, f"{side}_extra_args")))
+            setattr(
+                args,
+                f"{side}_extra_args",
+                shlex.split(getattr(args, f"{side}_extra_args")),
+            )
         except ValueError as e:
             p.error(f"--{side}-extra-args: {e}")
-    if args.mixed and (args.text_stream_concurrency or args.unseen_sizes or args.memory):
-        p.error("--text-stream-concurrency, --unseen-sizes and --memory go with the image bursts, not --mixed")
+    if args.mixed and (
+        args.text_stream_concurrency or args.unseen_sizes or args.memory
+    ):
+        p.error(
+            "--text-stream-concurrency, --unseen-sizes and --memory go with the image bursts, not --mixed"
+        )
     if args.aiter_jit_dir and not os.path.isdir(args.aiter_jit_dir):
         p.error(f"--aiter-jit-dir {args.aiter_jit_dir} is not a folder")
     if args.prefetch_only and args.cpu:
         p.error("--prefetch-only fetches a GPU model; --cpu models are local folders")
-    args.cache_root = os.path.abspath(args.cache_root or os.path.join(args.out_dir, "caches"))
+    args.cache_root = os.path.abspath(
+        args.cache_root or os.path.join(args.out_dir, "caches")
+    )
     return args
 
 
@@ -966,20 +1318,32 @@ def describe_builds(args) -> List[dict]:
         if target and os.path.realpath(where) != os.path.realpath(target):
             raise ABError(
                 f"build {side.upper()}: {py} imports sglang from {where}, not from "
-                f"--{side}-target {target} (an editable install can shadow PYTHONPATH)")
+                f"--{side}-target {target} (an editable install can shadow PYTHONPATH)"
+            )
         status = B.series_status(where)
         if side == "a" and status.get("applied") and not args.allow_patched_base:
             # A base copied after an in-place apply is the series under another label.
             raise ABError(
                 f"build A (the base) {where} carries the series (series.py status --target {where}: "
                 f"{B.describe_status(status)}); copy the base tree before applying the series, "
-                "or pass --allow-patched-base")
-        builds.append({"label": getattr(args, f"{side}_label"), "python": py, "target": target,
-                       "extra_args": list(getattr(args, f"{side}_extra_args", [])),
-                       "tree": where, "version": B.sglang_version(py, path),
-                       "series_hash": B.series_hash(where),
-                       "series_status": {k: status.get(k) for k in ("applied", "current", "series_hash",
-                                                                     "patches", "error") if k in status}})
+                "or pass --allow-patched-base"
+            )
+        builds.append(
+            {
+                "label": getattr(args, f"{side}_label"),
+                "python": py,
+                "target": target,
+                "extra_args": list(getattr(args, f"{side}_extra_args", [])),
+                "tree": where,
+                "version": B.sglang_version(py, path),
+                "series_hash": B.series_hash(where),
+                "series_status": {
+                    k: status.get(k)
+                    for k in ("applied", "current", "series_hash", "patches", "error")
+                    if k in status
+                },
+            }
+        )
     return builds
 
 
@@ -1035,13 +1399,20 @@ def _main(argv=None) -> int:
     except ABError as e:
         print(f"ab_image_burst: {e}", file=sys.stderr)
         return 2
-    command = shlex.join(["benchmark/image_burst/ab_image_burst.py",
-                          *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(
+        [
+            "benchmark/image_burst/ab_image_burst.py",
+            *(argv if argv is not None else sys.argv[1:]),
+        ]
+    )
     try:
         ab = run_ab(args, builds, command=command)
     except (ServerFailed, B.BenchError, ABError, ABStopped) as e:
-        print(f"ab_image_burst: {str(e).splitlines()[0]} (finished runs: "
-              f"{os.path.join(args.out_dir, 'ab.json')})", file=sys.stderr)
+        print(
+            f"ab_image_burst: {str(e).splitlines()[0]} (finished runs: "
+            f"{os.path.join(args.out_dir, 'ab.json')})",
+            file=sys.stderr,
+        )
         _partial_report(args.out_dir, builds, command)
         return 1
     text = report(ab, builds, command)

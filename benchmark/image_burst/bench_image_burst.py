@@ -116,7 +116,11 @@ def burst_stats(
     ttft_ms = [1000.0 * ttfts_s[i] for i in ok]
     out_tokens = sum(int(output_lens[i]) for i in ok)
     # numpy's default (linear) percentile: the definition bench_serving uses.
-    p50, p99 = (float(x) for x in np.percentile(ttft_ms, [50, 99])) if ttft_ms else (None, None)
+    p50, p99 = (
+        (float(x) for x in np.percentile(ttft_ms, [50, 99]))
+        if ttft_ms
+        else (None, None)
+    )
     return {
         "completed": len(ok),
         "failed": failed,
@@ -140,7 +144,9 @@ _TORCH_LINE = re.compile(
     r"\[(?P<cid>\d+/\d+)\](?: \[__recompiles\])? (?P<msg>.*)$"
 )
 _RECOMPILING = re.compile(r"^Recompiling function (?P<fn>\S+) in (?P<where>\S+)")
-_START_TRACING = re.compile(r"^Step 1: torchdynamo start tracing (?P<fn>\S+) (?P<where>\S+)")
+_START_TRACING = re.compile(
+    r"^Step 1: torchdynamo start tracing (?P<fn>\S+) (?P<where>\S+)"
+)
 
 
 @dataclass
@@ -153,7 +159,9 @@ class CompileEvent:
     line_no: int
 
 
-def parse_compile_events(lines: Sequence[str], start_line: int = 0) -> List[CompileEvent]:
+def parse_compile_events(
+    lines: Sequence[str], start_line: int = 0
+) -> List[CompileEvent]:
     """Torch compile events in ``lines``, one per (process, compile id)."""
     seen = set()
     events: List[CompileEvent] = []
@@ -171,8 +179,11 @@ def parse_compile_events(lines: Sequence[str], start_line: int = 0) -> List[Comp
             continue
         seen.add(key)
         rank = f"rank{m.group('rank')}" if m.group("rank") is not None else f"pid{pid}"
-        events.append(CompileEvent(rank, pid, m.group("cid"), hit.group("fn"),
-                                   hit.group("where"), n))
+        events.append(
+            CompileEvent(
+                rank, pid, m.group("cid"), hit.group("fn"), hit.group("where"), n
+            )
+        )
     return events
 
 
@@ -214,8 +225,14 @@ def parse_encoder_metrics(text: str) -> Optional[dict]:
     """The encoder-call series of one Prometheus text exposition (see above)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    out = {"calls": 0.0, "calls_by_path": {}, "images_sum": 0.0, "images_count": 0.0,
-           "images_buckets": {}, "rank_images": {}}
+    out = {
+        "calls": 0.0,
+        "calls_by_path": {},
+        "images_sum": 0.0,
+        "images_count": 0.0,
+        "images_buckets": {},
+        "rank_images": {},
+    }
     found = False
     ours = (ENCODER_CALLS, ENCODER_RANK_IMAGES, ENCODER_IMAGES + "_count")
     for family in text_string_to_metric_families(text):
@@ -224,17 +241,23 @@ def parse_encoder_metrics(text: str) -> Optional[dict]:
             if sample.name == ENCODER_CALLS:
                 out["calls"] += sample.value
                 path = sample.labels.get("path", "")
-                out["calls_by_path"][path] = out["calls_by_path"].get(path, 0.0) + sample.value
+                out["calls_by_path"][path] = (
+                    out["calls_by_path"].get(path, 0.0) + sample.value
+                )
             elif sample.name == ENCODER_IMAGES + "_sum":
                 out["images_sum"] += sample.value
             elif sample.name == ENCODER_IMAGES + "_count":
                 out["images_count"] += sample.value
             elif sample.name == ENCODER_RANK_IMAGES:
                 rank = sample.labels.get("rank", "")
-                out["rank_images"][rank] = out["rank_images"].get(rank, 0.0) + sample.value
+                out["rank_images"][rank] = (
+                    out["rank_images"].get(rank, 0.0) + sample.value
+                )
             elif sample.name == ENCODER_IMAGES + "_bucket":
                 le = float(sample.labels["le"])
-                out["images_buckets"][le] = out["images_buckets"].get(le, 0.0) + sample.value
+                out["images_buckets"][le] = (
+                    out["images_buckets"].get(le, 0.0) + sample.value
+                )
     return out if found else None
 
 
@@ -247,23 +270,38 @@ def encoder_call_delta(before: Optional[dict], after: Optional[dict]) -> Optiona
     """
     if after is None:
         return None
-    before = before or {"calls": 0.0, "calls_by_path": {}, "images_sum": 0.0,
-                        "images_count": 0.0, "images_buckets": {}, "rank_images": {}}
+    before = before or {
+        "calls": 0.0,
+        "calls_by_path": {},
+        "images_sum": 0.0,
+        "images_count": 0.0,
+        "images_buckets": {},
+        "rank_images": {},
+    }
     calls = after["calls"] - before["calls"]
     n = after["images_count"] - before["images_count"]
     images = after["images_sum"] - before["images_sum"]
-    grown = {le: c - before["images_buckets"].get(le, 0.0) for le, c in after["images_buckets"].items()}
+    grown = {
+        le: c - before["images_buckets"].get(le, 0.0)
+        for le, c in after["images_buckets"].items()
+    }
     top = min((le for le, d in grown.items() if n > 0 and d >= n), default=None)
     return {
         "encoder_calls": int(round(calls)),
-        "calls_by_path": {k: int(round(v - before["calls_by_path"].get(k, 0.0)))
-                          for k, v in after["calls_by_path"].items()},
+        "calls_by_path": {
+            k: int(round(v - before["calls_by_path"].get(k, 0.0)))
+            for k, v in after["calls_by_path"].items()
+        },
         "images": int(round(images)),
         "images_per_call_mean": (images / n) if n > 0 else None,
-        "images_per_call_max": (None if top is None or top == float("inf") else int(top)),
+        "images_per_call_max": (
+            None if top is None or top == float("inf") else int(top)
+        ),
         # DP encoder: images each attention-TP rank encoded in the interval.
-        "rank_images": {k: int(round(v - before["rank_images"].get(k, 0.0)))
-                        for k, v in sorted(after["rank_images"].items())},
+        "rank_images": {
+            k: int(round(v - before["rank_images"].get(k, 0.0)))
+            for k, v in sorted(after["rank_images"].items())
+        },
     }
 
 
@@ -280,8 +318,10 @@ def images_per_rank(encoder: Optional[dict]) -> Optional[List[int]]:
     try:
         per = {int(k): v for k, v in encoder["rank_images"].items()}
     except ValueError:
-        raise BenchError(f"{ENCODER_RANK_IMAGES} has a non-integer rank label: "
-                         f"{sorted(encoder['rank_images'])}") from None
+        raise BenchError(
+            f"{ENCODER_RANK_IMAGES} has a non-integer rank label: "
+            f"{sorted(encoder['rank_images'])}"
+        ) from None
     return [per.get(r, 0) for r in range(max(per) + 1)]
 
 
@@ -322,26 +362,42 @@ else:
 """
 
 
-def sglang_version(python: str = sys.executable, python_path: Sequence[str] = ()) -> str:
+def sglang_version(
+    python: str = sys.executable, python_path: Sequence[str] = ()
+) -> str:
     env = dict(os.environ)
     if python_path:
-        env["PYTHONPATH"] = os.pathsep.join(list(python_path) + [env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join(
+            list(python_path) + [env.get("PYTHONPATH", "")]
+        )
     # The build's generated sglang/_version.py read on its own (else its
     # metadata): importing the package would import most of SGLang (seconds)
     # for one string.
-    out = subprocess.run([python, "-c", _VERSION_PROBE], capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [python, "-c", _VERSION_PROBE], capture_output=True, text=True, env=env
+    )
     return out.stdout.strip() or "unknown"
 
 
-def sglang_dir(python: str = sys.executable, python_path: Sequence[str] = ()) -> Optional[str]:
+def sglang_dir(
+    python: str = sys.executable, python_path: Sequence[str] = ()
+) -> Optional[str]:
     """The folder holding the ``sglang`` package that ``python`` imports."""
     env = dict(os.environ)
     if python_path:
-        env["PYTHONPATH"] = os.pathsep.join(list(python_path) + [env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join(
+            list(python_path) + [env.get("PYTHONPATH", "")]
+        )
     out = subprocess.run(
-        [python, "-c", "import os, importlib.util as u; "
-         "print(os.path.dirname(os.path.dirname(u.find_spec('sglang').origin)))"],
-        capture_output=True, text=True, env=env,
+        [
+            python,
+            "-c",
+            "import os, importlib.util as u; "
+            "print(os.path.dirname(os.path.dirname(u.find_spec('sglang').origin)))",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     return out.stdout.strip() or None
 
@@ -358,7 +414,8 @@ def series_status(target: Optional[str]) -> dict:
         return {"error": "scripts/series.py missing"}
     proc = subprocess.run(
         [sys.executable, series_py, "status", "--json", "--target", target],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     try:
         return json.loads(proc.stdout)
@@ -372,8 +429,10 @@ def describe_status(st: dict) -> str:
         return f"unknown ({st['error']})"
     if not st.get("applied"):
         return "series not applied"
-    return (f"applied, series {(st.get('series_hash') or '?')[:12]}, {len(st.get('patches') or [])} patch(es)"
-            + ("" if st.get("current") else ", not the repo's current series"))
+    return (
+        f"applied, series {(st.get('series_hash') or '?')[:12]}, {len(st.get('patches') or [])} patch(es)"
+        + ("" if st.get("current") else ", not the repo's current series")
+    )
 
 
 def series_hash(target: Optional[str]) -> str:
@@ -412,7 +471,9 @@ class BurstConfig:
 def parse_resolution(text: str) -> Tuple[int, int]:
     m = re.fullmatch(r"(\d+)x(\d+)", text or "")
     if not m or int(m.group(1)) <= 0 or int(m.group(2)) <= 0:
-        raise ValueError(f"image resolution must be HEIGHTxWIDTH, e.g. 512x512; got {text!r}")
+        raise ValueError(
+            f"image resolution must be HEIGHTxWIDTH, e.g. 512x512; got {text!r}"
+        )
     return int(m.group(1)), int(m.group(2))
 
 
@@ -428,21 +489,35 @@ def bench_serving_command(
     extra: Sequence[str] = (),
 ) -> List[str]:
     cmd = [
-        python, "-m", "sglang.bench_serving",
-        "--backend", "sglang-oai-chat",
-        "--base-url", base_url,
-        "--model", model,
-        "--tokenizer", tokenizer or model,
-        "--random-input-len", str(cfg.input_len),
-        "--random-output-len", str(cfg.output_len),
-        "--random-range-ratio", "1.0",
-        "--num-prompts", str(cfg.num_prompts),
-        "--max-concurrency", str(cfg.max_concurrency),
-        "--seed", str(cfg.seed),
+        python,
+        "-m",
+        "sglang.bench_serving",
+        "--backend",
+        "sglang-oai-chat",
+        "--base-url",
+        base_url,
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer or model,
+        "--random-input-len",
+        str(cfg.input_len),
+        "--random-output-len",
+        str(cfg.output_len),
+        "--random-range-ratio",
+        "1.0",
+        "--num-prompts",
+        str(cfg.num_prompts),
+        "--max-concurrency",
+        str(cfg.max_concurrency),
+        "--seed",
+        str(cfg.seed),
         # No extra unmeasured request: the text warm-up burst is explicit, and
         # an image warm-up request would warm the encoder we want cold.
-        "--warmup-requests", "0",
-        "--output-file", output_file,
+        "--warmup-requests",
+        "0",
+        "--output-file",
+        output_file,
         "--output-details",
         "--disable-tqdm",
     ]
@@ -450,11 +525,16 @@ def bench_serving_command(
         cmd += ["--dataset-name", "random-ids"]
     else:
         cmd += [
-            "--dataset-name", "image",
-            "--image-resolution", cfg.image_resolution,
-            "--image-count", str(cfg.image_count),
-            "--image-format", cfg.image_format,
-            "--image-content", cfg.image_content,
+            "--dataset-name",
+            "image",
+            "--image-resolution",
+            cfg.image_resolution,
+            "--image-count",
+            str(cfg.image_count),
+            "--image-format",
+            cfg.image_format,
+            "--image-content",
+            cfg.image_content,
         ]
     return cmd + list(extra)
 
@@ -495,11 +575,13 @@ def local_model_dir(model: str, revision: Optional[str] = None) -> str:
         raise BenchError(
             f"{model} at revision {revision or 'main'} is not in the local Hugging Face cache "
             f"({type(e).__name__}: {first[:160]}); pass its local folder or the server's "
-            f"--revision") from None
+            f"--revision"
+        ) from None
 
 
-def run_bench_serving(cmd: List[str], output_file: str, log_file: str,
-                      timeout: float) -> Tuple[Optional[dict], int, str]:
+def run_bench_serving(
+    cmd: List[str], output_file: str, log_file: str, timeout: float
+) -> Tuple[Optional[dict], int, str]:
     """Run one bench_serving burst; return (last JSONL record or None, rc, tail).
 
     Offline (``HF_HUB_OFFLINE=1`` unless the caller's environment says
@@ -515,8 +597,9 @@ def run_bench_serving(cmd: List[str], output_file: str, log_file: str,
         log.write("$ " + shlex.join(cmd) + "\n")
         log.flush()
         try:
-            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, timeout=timeout).returncode
+            rc = subprocess.run(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout
+            ).returncode
         except subprocess.TimeoutExpired:
             rc = 124
             log.write(f"\nbench_image_burst: timed out after {timeout:.0f} s, killed\n")
@@ -531,7 +614,9 @@ def run_bench_serving(cmd: List[str], output_file: str, log_file: str,
     return record, rc, tail
 
 
-def summarize_record(record: Optional[dict], num_prompts: int, rc: int, tail: str) -> dict:
+def summarize_record(
+    record: Optional[dict], num_prompts: int, rc: int, tail: str
+) -> dict:
     """burst_stats from a bench_serving record; a crashed run counts all failed."""
     if record is None or "ttfts" not in record:
         why = tail.strip().splitlines()[-1] if tail.strip() else f"exit code {rc}"
@@ -539,8 +624,10 @@ def summarize_record(record: Optional[dict], num_prompts: int, rc: int, tail: st
         stats["harness_error"] = f"bench_serving produced no result (rc={rc}): {why}"
         return stats
     stats = burst_stats(
-        record["ttfts"], [e or "" for e in record["errors"]],
-        record["output_lens"], float(record.get("duration") or 0.0),
+        record["ttfts"],
+        [e or "" for e in record["errors"]],
+        record["output_lens"],
+        float(record.get("duration") or 0.0),
         num_prompts=num_prompts,
     )
     if rc != 0:
@@ -577,14 +664,27 @@ def first_error(record: Optional[dict], stats: dict) -> str:
 def _ttft_summary(records: List[dict]) -> dict:
     ok = [1000.0 * r["ttft"] for r in records if r["success"]]
     p50, p99 = (float(x) for x in np.percentile(ok, [50, 99])) if ok else (None, None)
-    return {"completed": len(ok), "failed": len(records) - len(ok),
-            "mean_ttft_ms": statistics.fmean(ok) if ok else None, "p50_ttft_ms": p50, "p99_ttft_ms": p99}
+    return {
+        "completed": len(ok),
+        "failed": len(records) - len(ok),
+        "mean_ttft_ms": statistics.fmean(ok) if ok else None,
+        "p50_ttft_ms": p50,
+        "p99_ttft_ms": p99,
+    }
 
 
 def _chat_input(RequestFuncInput, model: str, api_url: str, content, output_len: int):
     messages = [{"role": "user", "content": content}]
-    return RequestFuncInput(model=model, prompt=messages, api_url=api_url, prompt_len=0,
-                            output_len=output_len, lora_name="", image_data=None, extra_request_body={})
+    return RequestFuncInput(
+        model=model,
+        prompt=messages,
+        api_url=api_url,
+        prompt_len=0,
+        output_len=output_len,
+        lora_name="",
+        image_data=None,
+        extra_request_body={},
+    )
 
 
 class TextStream:
@@ -592,9 +692,18 @@ class TextStream:
     ``start()`` until ``stop()`` (which waits for the ones in flight), sent with
     bench_serving's chat-completions request function in a thread of its own."""
 
-    def __init__(self, base_url: str, model: str, concurrency: int, output_len: int, seed: int = 0):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        concurrency: int,
+        output_len: int,
+        seed: int = 0,
+    ):
         if concurrency < 1 or output_len < 1:
-            raise BenchError("the text stream needs concurrency >= 1 and output length >= 1")
+            raise BenchError(
+                "the text stream needs concurrency >= 1 and output length >= 1"
+            )
         self.base_url, self.model = base_url, model
         self.concurrency, self.output_len, self.seed = concurrency, output_len, seed
         self.records: List[dict] = []
@@ -619,12 +728,31 @@ class TextStream:
             n = 0
             while not self._stop.is_set():
                 rng = np.random.default_rng((self.seed, w, n))
-                text = f"Stream {w}.{n}: " + " ".join(rng.choice(words, size=24)) + ". Continue the list."
+                text = (
+                    f"Stream {w}.{n}: "
+                    + " ".join(rng.choice(words, size=24))
+                    + ". Continue the list."
+                )
                 sent = time.time()
-                o = await func(request_func_input=_chat_input(
-                    RequestFuncInput, self.model, api_url, [{"type": "text", "text": text}], self.output_len))
-                self.records.append({"worker": w, "n": n, "success": bool(o.success), "sent": sent,
-                                     "ttft": float(o.ttft or 0.0), "error": (o.error or "")[-200:]})
+                o = await func(
+                    request_func_input=_chat_input(
+                        RequestFuncInput,
+                        self.model,
+                        api_url,
+                        [{"type": "text", "text": text}],
+                        self.output_len,
+                    )
+                )
+                self.records.append(
+                    {
+                        "worker": w,
+                        "n": n,
+                        "success": bool(o.success),
+                        "sent": sent,
+                        "ttft": float(o.ttft or 0.0),
+                        "error": (o.error or "")[-200:],
+                    }
+                )
                 n += 1
 
         async def drive() -> None:
@@ -637,10 +765,16 @@ class TextStream:
         of the requests sent inside it (``in_window``)."""
         self._stop.set()
         self._thread.join(timeout=600)
-        out = dict(_ttft_summary(self.records), concurrency=self.concurrency, output_len=self.output_len)
+        out = dict(
+            _ttft_summary(self.records),
+            concurrency=self.concurrency,
+            output_len=self.output_len,
+        )
         if window is not None:
             out["window_s"] = window[1] - window[0]
-            out["in_window"] = _ttft_summary([r for r in self.records if window[0] <= r["sent"] <= window[1]])
+            out["in_window"] = _ttft_summary(
+                [r for r in self.records if window[0] <= r["sent"] <= window[1]]
+            )
         return out
 
 
@@ -649,7 +783,9 @@ class TextStream:
 IMAGE_WINDOW_SLACK_S = 2.0
 
 
-def image_window(record: Optional[dict], now: Optional[float] = None) -> Optional[Tuple[float, float]]:
+def image_window(
+    record: Optional[dict], now: Optional[float] = None
+) -> Optional[Tuple[float, float]]:
     """The wall-clock span in which a just-finished bench_serving run sent its
     image requests: its ``duration`` (first request to last completion) back
     from now, plus ``IMAGE_WINDOW_SLACK_S``; None without a duration. The
@@ -750,13 +886,22 @@ def sizes_arg(text: str) -> List[Tuple[int, int]]:
 def parse_sizes(text: str) -> List[Tuple[int, int]]:
     """``"97x1003,544x544"`` -> [(97, 1003), (544, 544)] (HEIGHTxWIDTH)."""
     try:
-        return [parse_resolution(part.strip()) for part in text.split(",") if part.strip()]
+        return [
+            parse_resolution(part.strip()) for part in text.split(",") if part.strip()
+        ]
     except ValueError as e:
         raise BenchError(f"--unseen-sizes: {e}") from None
 
 
-def unseen_size_pass(base_url: str, model: str, sizes: Sequence[Tuple[int, int]], output_len: int,
-                     take_log, seed: int = 0, echo=print) -> List[dict]:
+def unseen_size_pass(
+    base_url: str,
+    model: str,
+    sizes: Sequence[Tuple[int, int]],
+    output_len: int,
+    take_log,
+    seed: int = 0,
+    echo=print,
+) -> List[dict]:
     """For each (height, width): a fresh image of that size sent alone, then a
     second fresh image of the same size (new bytes, so no embedding-cache hit);
     both TTFTs, the first's extra TTFT over the second, and the compiles the
@@ -770,20 +915,46 @@ def unseen_size_pass(base_url: str, model: str, sizes: Sequence[Tuple[int, int]]
         row = {"height": h, "width": w}
         for which in ("first", "repeat"):
             rng = np.random.default_rng((seed, 4049, i, which == "repeat"))
-            content = [{"type": "image_url", "image_url": {"url": _mixed_image_uri(rng, w, h)}},
-                       {"type": "text", "text": f"Unseen size {h}x{w} ({which}): describe it."}]
-            o = asyncio.run(func(request_func_input=_chat_input(RequestFuncInput, model, api_url, content,
-                                                                 output_len)))
+            content = [
+                {
+                    "type": "image_url",
+                    "image_url": {"url": _mixed_image_uri(rng, w, h)},
+                },
+                {
+                    "type": "text",
+                    "text": f"Unseen size {h}x{w} ({which}): describe it.",
+                },
+            ]
+            o = asyncio.run(
+                func(
+                    request_func_input=_chat_input(
+                        RequestFuncInput, model, api_url, content, output_len
+                    )
+                )
+            )
             first_line, lines = take_log()
             row[f"{which}_ok"] = bool(o.success)
-            row[f"{which}_ttft_ms"] = 1000.0 * float(o.ttft or 0.0) if o.success else None
-            row[f"{which}_error"] = (o.error or "").strip().splitlines()[-1][:200] if not o.success and o.error else ""
-            row[f"{which}_compiles"] = compiles_per_rank(parse_compile_events(lines, first_line))
-        row["extra_ttft_ms"] = (row["first_ttft_ms"] - row["repeat_ttft_ms"]
-                                if row["first_ok"] and row["repeat_ok"] else None)
-        echo(f"unseen size {h}x{w}: first {fmt_ms(row['first_ttft_ms'])} ms, repeat "
-             f"{fmt_ms(row['repeat_ttft_ms'])} ms, compiles {sum(row['first_compiles'].values())} + "
-             f"{sum(row['repeat_compiles'].values())}")
+            row[f"{which}_ttft_ms"] = (
+                1000.0 * float(o.ttft or 0.0) if o.success else None
+            )
+            row[f"{which}_error"] = (
+                (o.error or "").strip().splitlines()[-1][:200]
+                if not o.success and o.error
+                else ""
+            )
+            row[f"{which}_compiles"] = compiles_per_rank(
+                parse_compile_events(lines, first_line)
+            )
+        row["extra_ttft_ms"] = (
+            row["first_ttft_ms"] - row["repeat_ttft_ms"]
+            if row["first_ok"] and row["repeat_ok"]
+            else None
+        )
+        echo(
+            f"unseen size {h}x{w}: first {fmt_ms(row['first_ttft_ms'])} ms, repeat "
+            f"{fmt_ms(row['repeat_ttft_ms'])} ms, compiles {sum(row['first_compiles'].values())} + "
+            f"{sum(row['repeat_compiles'].values())}"
+        )
         rows.append(row)
     return rows
 
@@ -853,7 +1024,7 @@ def run_bursts(
             if i is None:
                 return first + len(lines), []
             ready_seen = True
-            first, lines = first + i + 1, lines[i + 1:]
+            first, lines = first + i + 1, lines[i + 1 :]
         after_ready.extend(lines)
         return first, lines
 
@@ -861,47 +1032,81 @@ def run_bursts(
     take_log()  # everything up to now: start-up, before the first burst
     if warmup_text_prompts > 0:
         wcfg = warmup_text_cfg or BurstConfig(
-            num_prompts=warmup_text_prompts, max_concurrency=cfg.max_concurrency,
-            input_len=cfg.input_len, output_len=cfg.output_len, seed=cfg.seed,
+            num_prompts=warmup_text_prompts,
+            max_concurrency=cfg.max_concurrency,
+            input_len=cfg.input_len,
+            output_len=cfg.output_len,
+            seed=cfg.seed,
         )
         out = os.path.join(work_dir, "warmup_text.jsonl")
-        cmd = bench_serving_command(base_url=base_url, model=model, tokenizer=tokenizer,
-                                    output_file=out, cfg=wcfg, text_only=True, python=python)
-        echo(f"text warm-up: {wcfg.num_prompts} prompts, concurrency {wcfg.max_concurrency}, "
-             f"{wcfg.input_len}/{wcfg.output_len} tokens")
+        cmd = bench_serving_command(
+            base_url=base_url,
+            model=model,
+            tokenizer=tokenizer,
+            output_file=out,
+            cfg=wcfg,
+            text_only=True,
+            python=python,
+        )
+        echo(
+            f"text warm-up: {wcfg.num_prompts} prompts, concurrency {wcfg.max_concurrency}, "
+            f"{wcfg.input_len}/{wcfg.output_len} tokens"
+        )
         log_file = os.path.join(work_dir, "warmup_text.log")
         limit = timeout or burst_timeout_s(wcfg)
         rec, rc, tail = run_bench_serving(cmd, out, log_file, limit)
         first, lines = take_log()
         stats = summarize_record(rec, wcfg.num_prompts, rc, tail)
         stats["timeout_s"] = limit
-        stats["compiles_per_rank"] = compiles_per_rank(parse_compile_events(lines, first))
-        result["warmup"] = {"command": cmd, "stats": stats, "bench_serving": rec,
-                            "config": vars(wcfg)}
+        stats["compiles_per_rank"] = compiles_per_rank(
+            parse_compile_events(lines, first)
+        )
+        result["warmup"] = {
+            "command": cmd,
+            "stats": stats,
+            "bench_serving": rec,
+            "config": vars(wcfg),
+        }
         if stats["completed"] == 0:
             raise BenchError(
                 f"text warm-up completed 0 of {wcfg.num_prompts} requests "
-                f"({first_error(rec, stats)}); stopped before any image burst (log {log_file})")
+                f"({first_error(rec, stats)}); stopped before any image burst (log {log_file})"
+            )
     for k in range(bursts):
         out = os.path.join(work_dir, f"burst{k + 1}.jsonl")
         bcfg = BurstConfig(**{**vars(cfg), "seed": cfg.seed + k * seed_step})
-        cmd = bench_serving_command(base_url=base_url, model=model, tokenizer=tokenizer,
-                                    output_file=out, cfg=bcfg, python=python)
-        echo(f"image burst {k + 1}/{bursts}: {cfg.num_prompts} prompts, concurrency "
-             f"{cfg.max_concurrency}, {cfg.image_resolution}, {cfg.input_len}/{cfg.output_len} tokens")
+        cmd = bench_serving_command(
+            base_url=base_url,
+            model=model,
+            tokenizer=tokenizer,
+            output_file=out,
+            cfg=bcfg,
+            python=python,
+        )
+        echo(
+            f"image burst {k + 1}/{bursts}: {cfg.num_prompts} prompts, concurrency "
+            f"{cfg.max_concurrency}, {cfg.image_resolution}, {cfg.input_len}/{cfg.output_len} tokens"
+        )
         metrics_before = scrape_encoder_metrics(base_url)
         t0 = time.time()
         limit = timeout or burst_timeout_s(bcfg)
         stream = None
         if text_stream:
-            stream = TextStream(base_url, model, text_stream["concurrency"], text_stream["output_len"],
-                                seed=cfg.seed + 7919 * (k + 1))
+            stream = TextStream(
+                base_url,
+                model,
+                text_stream["concurrency"],
+                text_stream["output_len"],
+                seed=cfg.seed + 7919 * (k + 1),
+            )
             stream.start()
         if memory is not None:
             memory.start()
         rec = None
         try:
-            rec, rc, tail = run_bench_serving(cmd, out, os.path.join(work_dir, f"burst{k + 1}.log"), limit)
+            rec, rc, tail = run_bench_serving(
+                cmd, out, os.path.join(work_dir, f"burst{k + 1}.log"), limit
+            )
         finally:
             mem = memory.stop() if memory is not None else None
             text = stream.stop(image_window(rec)) if stream is not None else None
@@ -919,12 +1124,26 @@ def run_bursts(
         stats["text_stream"] = text  # TTFTs of the text-only stream beside the burst
         stats["memory"] = mem  # peak memory per rank over the burst
         same = [b["burst"] for b in result["bursts"] if b["seed"] == bcfg.seed]
-        result["bursts"].append({"burst": k + 1, "seed": bcfg.seed, "command": cmd,
-                                 "same_images_as_burst": same[0] if same else None,
-                                 "stats": stats, "bench_serving": rec})
+        result["bursts"].append(
+            {
+                "burst": k + 1,
+                "seed": bcfg.seed,
+                "command": cmd,
+                "same_images_as_burst": same[0] if same else None,
+                "stats": stats,
+                "bench_serving": rec,
+            }
+        )
     if unseen_sizes:
-        result["unseen_sizes"] = unseen_size_pass(base_url, model, unseen_sizes, unseen_output_len,
-                                                  take_log, seed=cfg.seed, echo=echo)
+        result["unseen_sizes"] = unseen_size_pass(
+            base_url,
+            model,
+            unseen_sizes,
+            unseen_output_len,
+            take_log,
+            seed=cfg.seed,
+            echo=echo,
+        )
     if cursor is not None:
         take_log()
         events = parse_compile_events(after_ready)
@@ -959,9 +1178,9 @@ MIXED_MIN_SIDE = 32
 @dataclass
 class MixedConfig:
     bursts: int = 60
-    burst_size: int = 8          # good single-image requests per burst
-    repeats: int = 2             # of them, images already sent (cache hits)
-    bad: int = 1                 # extra requests per burst with an undecodable image
+    burst_size: int = 8  # good single-image requests per burst
+    repeats: int = 2  # of them, images already sent (cache hits)
+    bad: int = 1  # extra requests per burst with an undecodable image
     min_width: int = MIXED_MIN_SIDE
     max_width: int = 448
     min_height: int = MIXED_MIN_SIDE
@@ -973,11 +1192,11 @@ class MixedConfig:
 @dataclass
 class MixedRequest:
     burst: int
-    index: int                   # position in the burst
-    kind: str                    # "fresh", "repeat" or "bad"
+    index: int  # position in the burst
+    kind: str  # "fresh", "repeat" or "bad"
     width: int
     height: int
-    image_id: str                # equal ids carry identical bytes
+    image_id: str  # equal ids carry identical bytes
     text: str
     data_uri: str = field(default="", repr=False)
 
@@ -991,9 +1210,13 @@ def _validate_mixed(cfg: MixedConfig) -> None:
         raise ValueError("bad must be >= 0")
     if cfg.output_len < 1:
         raise ValueError("output_len must be >= 1")
-    if not (1 <= cfg.min_width <= cfg.max_width and 1 <= cfg.min_height <= cfg.max_height):
-        raise ValueError(f"size bounds must satisfy 1 <= min <= max: width "
-                         f"{cfg.min_width}-{cfg.max_width}, height {cfg.min_height}-{cfg.max_height}")
+    if not (
+        1 <= cfg.min_width <= cfg.max_width and 1 <= cfg.min_height <= cfg.max_height
+    ):
+        raise ValueError(
+            f"size bounds must satisfy 1 <= min <= max: width "
+            f"{cfg.min_width}-{cfg.max_width}, height {cfg.min_height}-{cfg.max_height}"
+        )
 
 
 def _mixed_image_uri(rng: "np.random.Generator", width: int, height: int) -> str:
@@ -1043,14 +1266,33 @@ def mixed_plan(cfg: MixedConfig, with_images: bool = True) -> List[List[MixedReq
             # Each image from its own generator: the plan's sizes do not
             # depend on whether the pixels are made.
             pix_seed = int(rng.integers(0, 2**63 - 1))
-            uri = _mixed_image_uri(np.random.default_rng(pix_seed), w, h) if with_images else ""
+            uri = (
+                _mixed_image_uri(np.random.default_rng(pix_seed), w, h)
+                if with_images
+                else ""
+            )
             fresh.append(MixedRequest(k, -1, "fresh", w, h, f"b{k}i{j}", "", uri))
         source = previous or fresh
-        picks = rng.choice(len(source), size=cfg.repeats, replace=len(source) < cfg.repeats)
-        repeats = [MixedRequest(k, -1, "repeat", source[p].width, source[p].height,
-                                source[p].image_id, "", source[p].data_uri) for p in picks]
-        bad = [MixedRequest(k, -1, "bad", 0, 0, f"b{k}bad{j}", "", BAD_IMAGE_URI)
-               for j in range(cfg.bad)]
+        picks = rng.choice(
+            len(source), size=cfg.repeats, replace=len(source) < cfg.repeats
+        )
+        repeats = [
+            MixedRequest(
+                k,
+                -1,
+                "repeat",
+                source[p].width,
+                source[p].height,
+                source[p].image_id,
+                "",
+                source[p].data_uri,
+            )
+            for p in picks
+        ]
+        bad = [
+            MixedRequest(k, -1, "bad", 0, 0, f"b{k}bad{j}", "", BAD_IMAGE_URI)
+            for j in range(cfg.bad)
+        ]
         burst = fresh + repeats + bad
         order = rng.permutation(len(burst))
         burst = [burst[i] for i in order]
@@ -1078,7 +1320,9 @@ def plan_summary(plan: List[List[MixedRequest]]) -> dict:
         # the processor rounds each side to a multiple of 32 px (16-px
         # patches, merged 2x2), at least 32: about this many patches each
         "patches_mean": statistics.fmean(
-            (max(1, round(r.width / 32)) * 2) * (max(1, round(r.height / 32)) * 2) for r in good),
+            (max(1, round(r.width / 32)) * 2) * (max(1, round(r.height / 32)) * 2)
+            for r in good
+        ),
     }
 
 
@@ -1093,9 +1337,16 @@ def _bench_serving_request_func():
 
     from sglang.benchmark import serving as bs
 
-    bs.set_global_args(_ap.Namespace(
-        backend="sglang-oai-chat", disable_stream=False, disable_ignore_eos=False,
-        print_requests=False, return_logprob=False, dataset_name="custom"))
+    bs.set_global_args(
+        _ap.Namespace(
+            backend="sglang-oai-chat",
+            disable_stream=False,
+            disable_ignore_eos=False,
+            print_requests=False,
+            return_logprob=False,
+            dataset_name="custom",
+        )
+    )
     return bs.ASYNC_REQUEST_FUNCS["sglang-oai-chat"], bs.RequestFuncInput
 
 
@@ -1109,7 +1360,11 @@ def mixed_stats(records: List[dict], wall_s: float, bursts: int) -> dict:
     ok = [r for r in good if r["success"]]
     ttft_ms = [1000.0 * r["ttft"] for r in ok]
     served = {b for b in range(bursts)} - {r["burst"] for r in good if not r["success"]}
-    p50, p99 = (float(x) for x in np.percentile(ttft_ms, [50, 99])) if ttft_ms else (None, None)
+    p50, p99 = (
+        (float(x) for x in np.percentile(ttft_ms, [50, 99]))
+        if ttft_ms
+        else (None, None)
+    )
     by_kind = {}
     for kind in ("fresh", "repeat"):
         xs = [1000.0 * r["ttft"] for r in ok if r["kind"] == kind]
@@ -1132,8 +1387,14 @@ def mixed_stats(records: List[dict], wall_s: float, bursts: int) -> dict:
     }
 
 
-def run_mixed_bursts(*, base_url: str, model: str, cfg: MixedConfig,
-                     plan: Optional[List[List[MixedRequest]]] = None, echo=print) -> dict:
+def run_mixed_bursts(
+    *,
+    base_url: str,
+    model: str,
+    cfg: MixedConfig,
+    plan: Optional[List[List[MixedRequest]]] = None,
+    echo=print,
+) -> dict:
     """Send ``plan`` (default ``mixed_plan(cfg)``) burst by burst; the raw results.
 
     Images are made before the clock starts, so the client's PNG encoding
@@ -1146,27 +1407,51 @@ def run_mixed_bursts(*, base_url: str, model: str, cfg: MixedConfig,
     api_url = base_url.rstrip("/") + "/v1/chat/completions"
 
     def request_input(r: MixedRequest):
-        messages = [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": r.data_uri}},
-            {"type": "text", "text": r.text}]}]
-        return RequestFuncInput(model=model, prompt=messages, api_url=api_url, prompt_len=0,
-                                output_len=cfg.output_len, lora_name="", image_data=None,
-                                extra_request_body={})
+        messages = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": r.data_uri}},
+                    {"type": "text", "text": r.text},
+                ],
+            }
+        ]
+        return RequestFuncInput(
+            model=model,
+            prompt=messages,
+            api_url=api_url,
+            prompt_len=0,
+            output_len=cfg.output_len,
+            lora_name="",
+            image_data=None,
+            extra_request_body={},
+        )
 
     records: List[dict] = []
 
     async def drive() -> float:
         t0 = time.perf_counter()
         for burst in plan:
-            outs = await asyncio.gather(*(func(request_func_input=request_input(r)) for r in burst))
+            outs = await asyncio.gather(
+                *(func(request_func_input=request_input(r)) for r in burst)
+            )
             for r, o in zip(burst, outs):
                 err = (o.error or "").strip().splitlines()
-                records.append({"burst": r.burst, "index": r.index, "kind": r.kind,
-                                "width": r.width, "height": r.height, "image_id": r.image_id,
-                                "success": bool(o.success), "ttft": float(o.ttft or 0.0),
-                                "latency": float(o.latency or 0.0),
-                                "output_len": int(o.output_len or 0),
-                                "error": err[-1][:200] if err else ""})
+                records.append(
+                    {
+                        "burst": r.burst,
+                        "index": r.index,
+                        "kind": r.kind,
+                        "width": r.width,
+                        "height": r.height,
+                        "image_id": r.image_id,
+                        "success": bool(o.success),
+                        "ttft": float(o.ttft or 0.0),
+                        "latency": float(o.latency or 0.0),
+                        "output_len": int(o.output_len or 0),
+                        "error": err[-1][:200] if err else "",
+                    }
+                )
         return time.perf_counter() - t0
 
     metrics_before = scrape_encoder_metrics(base_url)
@@ -1175,10 +1460,17 @@ def run_mixed_bursts(*, base_url: str, model: str, cfg: MixedConfig,
     stats = mixed_stats(records, wall, len(plan))
     stats["encoder"] = encoder
     stats["images_per_rank"] = images_per_rank(encoder)
-    echo(f"mixed: {stats['bursts_served']}/{len(plan)} bursts served in {wall:.1f} s "
-         f"({fmt_ms(stats['bursts_per_min'])} /min, {fmt_ms(stats['requests_per_s'])} req/s, "
-         f"TTFT mean {fmt_ms(stats['mean_ttft_ms'])} ms, P99 {fmt_ms(stats['p99_ttft_ms'])} ms)")
-    return {"config": vars(cfg), "plan": plan_summary(plan), "stats": stats, "requests": records}
+    echo(
+        f"mixed: {stats['bursts_served']}/{len(plan)} bursts served in {wall:.1f} s "
+        f"({fmt_ms(stats['bursts_per_min'])} /min, {fmt_ms(stats['requests_per_s'])} req/s, "
+        f"TTFT mean {fmt_ms(stats['mean_ttft_ms'])} ms, P99 {fmt_ms(stats['p99_ttft_ms'])} ms)"
+    )
+    return {
+        "config": vars(cfg),
+        "plan": plan_summary(plan),
+        "stats": stats,
+        "requests": records,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -1195,7 +1487,11 @@ def fmt_compiles(per_rank: Optional[Dict[str, int]], counted: bool = True) -> st
         return "not counted"
     if not per_rank:
         return "0"
-    return f"{sum(per_rank.values())} (" + ", ".join(f"{k}: {v}" for k, v in per_rank.items()) + ")"
+    return (
+        f"{sum(per_rank.values())} ("
+        + ", ".join(f"{k}: {v}" for k, v in per_rank.items())
+        + ")"
+    )
 
 
 def fmt_images(per_rank: Optional[List[int]]) -> str:
@@ -1208,8 +1504,10 @@ def fmt_encoder(encoder: Optional[dict]) -> Tuple[str, str]:
         return "n/a", "n/a"
     mean = encoder["images_per_call_mean"]
     top = encoder["images_per_call_max"]
-    return (str(encoder["encoder_calls"]),
-            f"{'n/a' if mean is None else f'{mean:.2f}'} / {'n/a' if top is None else top}")
+    return (
+        str(encoder["encoder_calls"]),
+        f"{'n/a' if mean is None else f'{mean:.2f}'} / {'n/a' if top is None else top}",
+    )
 
 
 def header_lines(meta: dict) -> List[str]:
@@ -1219,7 +1517,10 @@ def header_lines(meta: dict) -> List[str]:
         f"- server flags: `{meta['server_flags']}`",
     ]
     if meta.get("server_env"):
-        lines.append("- server env: " + ", ".join(f"`{k}={v}`" for k, v in meta["server_env"].items()))
+        lines.append(
+            "- server env: "
+            + ", ".join(f"`{k}={v}`" for k, v in meta["server_env"].items())
+        )
     lines.append(f"- date: {meta['date']}")
     return lines
 
@@ -1247,8 +1548,11 @@ def burst_table(result: dict, counted_compiles: bool) -> List[str]:
             f"{' | '.join(fmt_encoder(s.get('encoder')))} | "
             f"{fmt_compiles(s.get('compiles_per_rank'), counted_compiles)} |"
         )
-    errs = [(b["burst"], b["stats"]["harness_error"]) for b in result["bursts"]
-            if b["stats"].get("harness_error")]
+    errs = [
+        (b["burst"], b["stats"]["harness_error"])
+        for b in result["bursts"]
+        if b["stats"].get("harness_error")
+    ]
     for burst, err in errs:
         rows.append(f"\nBurst {burst}: {err}")
     return rows
@@ -1256,15 +1560,21 @@ def burst_table(result: dict, counted_compiles: bool) -> List[str]:
 
 def markdown_report(result: dict, meta: dict) -> str:
     cfg = result["config"]
-    lines = ["## Image bursts", ""] + header_lines(meta) + [
-        f"- bursts: {len(result['bursts'])} x {cfg['num_prompts']} prompts at concurrency "
-        f"{cfg['max_concurrency']}, {cfg['image_count']} image(s) of {cfg['image_resolution']}, "
-        f"{cfg['input_len']} input / {cfg['output_len']} output tokens, seed "
-        + ", ".join(str(b["seed"]) for b in result["bursts"]),
-    ]
+    lines = (
+        ["## Image bursts", ""]
+        + header_lines(meta)
+        + [
+            f"- bursts: {len(result['bursts'])} x {cfg['num_prompts']} prompts at concurrency "
+            f"{cfg['max_concurrency']}, {cfg['image_count']} image(s) of {cfg['image_resolution']}, "
+            f"{cfg['input_len']} input / {cfg['output_len']} output tokens, seed "
+            + ", ".join(str(b["seed"]) for b in result["bursts"]),
+        ]
+    )
     w = result.get("warmup")
     lines.append(
-        f"- warm-up: {w['config']['num_prompts']} text-only prompts" if w else "- warm-up: none"
+        f"- warm-up: {w['config']['num_prompts']} text-only prompts"
+        if w
+        else "- warm-up: none"
     )
     lines += ["", *burst_table(result, counted_compiles="server_log" in result)]
     return "\n".join(lines) + "\n"
@@ -1294,13 +1604,19 @@ def mixed_table(results: List[Tuple[str, dict]]) -> List[str]:
 def mixed_report(results: List[Tuple[str, dict]], meta: dict) -> str:
     cfg = results[-1][1]["config"]
     plan = results[-1][1]["plan"]
-    lines = ["## Mixed image bursts", ""] + header_lines(meta) + [
-        f"- bursts: {cfg['bursts']} x ({cfg['burst_size']} single-image requests, "
-        f"{cfg['repeats']} of them repeats, + {cfg['bad']} bad), sent together, the next when all "
-        f"answered; widths {cfg['min_width']}-{cfg['max_width']}, heights "
-        f"{cfg['min_height']}-{cfg['max_height']} px (mean {plan['patches_mean']:.0f} patches), "
-        f"{cfg['output_len']} output tokens, seed {cfg['seed']}",
-        "", *mixed_table(results)]
+    lines = (
+        ["## Mixed image bursts", ""]
+        + header_lines(meta)
+        + [
+            f"- bursts: {cfg['bursts']} x ({cfg['burst_size']} single-image requests, "
+            f"{cfg['repeats']} of them repeats, + {cfg['bad']} bad), sent together, the next when all "
+            f"answered; widths {cfg['min_width']}-{cfg['max_width']}, heights "
+            f"{cfg['min_height']}-{cfg['max_height']} px (mean {plan['patches_mean']:.0f} patches), "
+            f"{cfg['output_len']} output tokens, seed {cfg['seed']}",
+            "",
+            *mixed_table(results),
+        ]
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -1311,10 +1627,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     p.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:30000")
-    p.add_argument("--model", required=True,
-                   help="the server's model: a local folder, or a repo id found in the local "
-                        "Hugging Face cache at --revision (bench_serving loads the tokenizer "
-                        "and the image processor from that folder, offline)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="the server's model: a local folder, or a repo id found in the local "
+        "Hugging Face cache at --revision (bench_serving loads the tokenizer "
+        "and the image processor from that folder, offline)",
+    )
     p.add_argument("--revision", help="the server's --revision (default: main)")
     p.add_argument("--tokenizer", help="tokenizer folder (default: the --model folder)")
     p.add_argument("--bursts", type=int, default=2)
@@ -1325,25 +1644,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=1024)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--seed-step", type=int, default=0,
-                   help="burst k uses seed + (k-1)*STEP; 0 (the seed's protocol) repeats the "
-                        "same images, which the server's embedding cache may then serve "
-                        "without running the encoder")
-    p.add_argument("--warmup-text-prompts", type=int, default=0,
-                   help="text-only warm-up burst of N prompts first (0: none)")
+    p.add_argument(
+        "--seed-step",
+        type=int,
+        default=0,
+        help="burst k uses seed + (k-1)*STEP; 0 (the seed's protocol) repeats the "
+        "same images, which the server's embedding cache may then serve "
+        "without running the encoder",
+    )
+    p.add_argument(
+        "--warmup-text-prompts",
+        type=int,
+        default=0,
+        help="text-only warm-up burst of N prompts first (0: none)",
+    )
     p.add_argument("--server-log", help="server log to count compiles after ready")
     p.add_argument("--ready-marker", default=READY_MARKER)
-    p.add_argument("--server-flags", default="(not given)", help="the server's flags, for the header")
-    p.add_argument("--sglang-target", help="folder holding the server's sglang (for version + series hash)")
-    p.add_argument("--series-hash", help="override the series hash in the header (remote servers)")
+    p.add_argument(
+        "--server-flags",
+        default="(not given)",
+        help="the server's flags, for the header",
+    )
+    p.add_argument(
+        "--sglang-target",
+        help="folder holding the server's sglang (for version + series hash)",
+    )
+    p.add_argument(
+        "--series-hash", help="override the series hash in the header (remote servers)"
+    )
     p.add_argument("--out-json", default="image_burst.json")
     p.add_argument("--out-md", default="image_burst.md")
-    p.add_argument("--work-dir", help="where bench_serving's files go (default: a temp dir)")
+    p.add_argument(
+        "--work-dir", help="where bench_serving's files go (default: a temp dir)"
+    )
     add_mixed_arguments(p)
-    p.add_argument("--timeout", type=float,
-                   help="seconds per bench_serving run (default: derived from the burst, "
-                        f"{BURST_START_S:.0f} + per wave of --max-concurrency requests "
-                        f"{BURST_WAVE_S:.0f} + {BURST_TOKEN_S} per output token)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds per bench_serving run (default: derived from the burst, "
+        f"{BURST_START_S:.0f} + per wave of --max-concurrency requests "
+        f"{BURST_WAVE_S:.0f} + {BURST_TOKEN_S} per output token)",
+    )
     return p
 
 
@@ -1351,38 +1692,75 @@ def add_mixed_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "mixed traffic (--mixed)",
         "closed-loop bursts of mixed image sizes with repeats and a bad input, through "
-        "bench_serving's chat-completions request function (see mixed_plan)")
+        "bench_serving's chat-completions request function (see mixed_plan)",
+    )
     d = MixedConfig()
-    g.add_argument("--mixed", action="store_true",
-                   help="send mixed bursts instead of bench_serving image runs")
+    g.add_argument(
+        "--mixed",
+        action="store_true",
+        help="send mixed bursts instead of bench_serving image runs",
+    )
     g.add_argument("--mixed-bursts", type=int, default=d.bursts)
-    g.add_argument("--mixed-burst-size", type=int, default=d.burst_size,
-                   help="good single-image requests per burst")
-    g.add_argument("--mixed-repeats", type=int, default=d.repeats,
-                   help="of them, images sent before (cache hits)")
-    g.add_argument("--mixed-bad", type=int, default=d.bad,
-                   help="extra requests per burst whose image cannot be decoded")
-    g.add_argument("--mixed-min-size", default=f"{d.min_height}x{d.min_width}",
-                   help="smallest HEIGHTxWIDTH (the processor's floor is 32x32)")
-    g.add_argument("--mixed-max-size", default=f"{d.max_height}x{d.max_width}",
-                   help="largest HEIGHTxWIDTH")
+    g.add_argument(
+        "--mixed-burst-size",
+        type=int,
+        default=d.burst_size,
+        help="good single-image requests per burst",
+    )
+    g.add_argument(
+        "--mixed-repeats",
+        type=int,
+        default=d.repeats,
+        help="of them, images sent before (cache hits)",
+    )
+    g.add_argument(
+        "--mixed-bad",
+        type=int,
+        default=d.bad,
+        help="extra requests per burst whose image cannot be decoded",
+    )
+    g.add_argument(
+        "--mixed-min-size",
+        default=f"{d.min_height}x{d.min_width}",
+        help="smallest HEIGHTxWIDTH (the processor's floor is 32x32)",
+    )
+    g.add_argument(
+        "--mixed-max-size",
+        default=f"{d.max_height}x{d.max_width}",
+        help="largest HEIGHTxWIDTH",
+    )
     g.add_argument("--mixed-output-len", type=int, default=d.output_len)
-    g.add_argument("--mixed-warmup-bursts", type=int, default=3,
-                   help="untimed mixed bursts first (another seed), so first-call compiles "
-                        "fall outside the measurement")
+    g.add_argument(
+        "--mixed-warmup-bursts",
+        type=int,
+        default=3,
+        help="untimed mixed bursts first (another seed), so first-call compiles "
+        "fall outside the measurement",
+    )
 
 
-def mixed_config_from_args(args, seed_offset: int = 0, bursts: Optional[int] = None) -> MixedConfig:
+def mixed_config_from_args(
+    args, seed_offset: int = 0, bursts: Optional[int] = None
+) -> MixedConfig:
     try:
-        (min_h, min_w), (max_h, max_w) = (parse_resolution(args.mixed_min_size),
-                                          parse_resolution(args.mixed_max_size))
+        (min_h, min_w), (max_h, max_w) = (
+            parse_resolution(args.mixed_min_size),
+            parse_resolution(args.mixed_max_size),
+        )
     except ValueError as e:
         raise BenchError(str(e)) from None
-    cfg = MixedConfig(bursts=args.mixed_bursts if bursts is None else bursts,
-                      burst_size=args.mixed_burst_size, repeats=args.mixed_repeats,
-                      bad=args.mixed_bad, min_width=min_w, max_width=max_w, min_height=min_h,
-                      max_height=max_h, output_len=args.mixed_output_len,
-                      seed=args.seed + seed_offset)
+    cfg = MixedConfig(
+        bursts=args.mixed_bursts if bursts is None else bursts,
+        burst_size=args.mixed_burst_size,
+        repeats=args.mixed_repeats,
+        bad=args.mixed_bad,
+        min_width=min_w,
+        max_width=max_w,
+        min_height=min_h,
+        max_height=max_h,
+        output_len=args.mixed_output_len,
+        seed=args.seed + seed_offset,
+    )
     try:
         _validate_mixed(cfg)
     except ValueError as e:
@@ -1394,21 +1772,36 @@ def run_mixed(args, base_url: str, model: str, echo=print) -> dict:
     """Untimed mixed warm-up bursts (seed + 1000), then the measured ones."""
     warm = None
     if args.mixed_warmup_bursts > 0:
-        wcfg = mixed_config_from_args(args, seed_offset=1000, bursts=args.mixed_warmup_bursts)
+        wcfg = mixed_config_from_args(
+            args, seed_offset=1000, bursts=args.mixed_warmup_bursts
+        )
         echo(f"mixed warm-up: {wcfg.bursts} bursts (seed {wcfg.seed})")
         warm = run_mixed_bursts(base_url=base_url, model=model, cfg=wcfg, echo=echo)
     cfg = mixed_config_from_args(args)
     echo(f"mixed: making {cfg.bursts} bursts' images (seed {cfg.seed})")
     plan = mixed_plan(cfg)
-    res = run_mixed_bursts(base_url=base_url, model=model, cfg=cfg, plan=plan, echo=echo)
-    res["warmup"] = None if warm is None else {"stats": warm["stats"], "config": warm["config"]}
+    res = run_mixed_bursts(
+        base_url=base_url, model=model, cfg=cfg, plan=plan, echo=echo
+    )
+    res["warmup"] = (
+        None if warm is None else {"stats": warm["stats"], "config": warm["config"]}
+    )
     return res
 
 
 def validate(args) -> None:
-    for name in ("bursts", "num_prompts", "max_concurrency", "image_count", "input_len", "output_len"):
+    for name in (
+        "bursts",
+        "num_prompts",
+        "max_concurrency",
+        "image_count",
+        "input_len",
+        "output_len",
+    ):
         if getattr(args, name) < 1:
-            raise BenchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            raise BenchError(
+                f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}"
+            )
     if args.warmup_text_prompts < 0:
         raise BenchError("--warmup-text-prompts must be >= 0")
     try:
@@ -1426,20 +1819,30 @@ def main(argv=None) -> int:
     try:
         validate(args)
         cfg = BurstConfig(
-            num_prompts=args.num_prompts, max_concurrency=args.max_concurrency,
-            image_resolution=args.image_resolution, image_count=args.image_count,
-            input_len=args.input_len, output_len=args.output_len, seed=args.seed,
+            num_prompts=args.num_prompts,
+            max_concurrency=args.max_concurrency,
+            image_resolution=args.image_resolution,
+            image_count=args.image_count,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            seed=args.seed,
         )
         model_dir = local_model_dir(args.model, args.revision)
         if args.mixed:
             mixed_config_from_args(args)  # fail on bad bounds before anything is sent
             return _main_mixed(args, argv, model_dir)
         result = run_bursts(
-            base_url=args.base_url, model=model_dir, tokenizer=args.tokenizer or model_dir,
-            bursts=args.bursts, cfg=cfg, seed_step=args.seed_step,
+            base_url=args.base_url,
+            model=model_dir,
+            tokenizer=args.tokenizer or model_dir,
+            bursts=args.bursts,
+            cfg=cfg,
+            seed_step=args.seed_step,
             warmup_text_prompts=args.warmup_text_prompts,
-            server_log=args.server_log, ready_marker=args.ready_marker,
-            work_dir=args.work_dir, timeout=args.timeout,
+            server_log=args.server_log,
+            ready_marker=args.ready_marker,
+            work_dir=args.work_dir,
+            timeout=args.timeout,
         )
     except BenchError as e:
         print(f"bench_image_burst: {e}", file=sys.stderr)
@@ -1459,9 +1862,15 @@ def _run_meta(args, argv, model_dir: str) -> dict:
     """What a report says about its run: command, build, server flags, model, date."""
     target = args.sglang_target or sglang_dir()
     return {
-        "command": shlex.join([os.path.relpath(sys.argv[0]) if sys.argv else "bench_image_burst.py",
-                               *(argv if argv is not None else sys.argv[1:])]),
-        "sglang_version": sglang_version(python_path=[args.sglang_target] if args.sglang_target else ()),
+        "command": shlex.join(
+            [
+                os.path.relpath(sys.argv[0]) if sys.argv else "bench_image_burst.py",
+                *(argv if argv is not None else sys.argv[1:]),
+            ]
+        ),
+        "sglang_version": sglang_version(
+            python_path=[args.sglang_target] if args.sglang_target else ()
+        ),
         "series_hash": args.series_hash or series_hash(target),
         "server_flags": args.server_flags,
         "model_dir": model_dir,

@@ -24,7 +24,6 @@ operator tables for N calls per rank (see cpu_support/vit_profile).
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -49,14 +48,18 @@ def thread_cpu(pids: List[int]) -> Dict[str, float]:
     tick = os.sysconf("SC_CLK_TCK")
     out = {}
     for pid in pids:
-        for tid in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else []:
+        for tid in (
+            os.listdir(f"/proc/{pid}/task")
+            if os.path.isdir(f"/proc/{pid}/task")
+            else []
+        ):
             try:
                 with open(f"/proc/{pid}/task/{tid}/stat") as f:
                     st = f.read()
             except OSError:
                 continue
-            name = st[st.index("(") + 1:st.rindex(")")]
-            fields = st[st.rindex(")") + 2:].split()
+            name = st[st.index("(") + 1 : st.rindex(")")]
+            fields = st[st.rindex(")") + 2 :].split()
             out[f"{pid}/{tid}/{name}"] = (int(fields[11]) + int(fields[12])) / tick
     return out
 
@@ -75,7 +78,9 @@ def scheduler_pids(srv: CpuServer) -> Dict[str, int]:
     return dict(sorted(found.items()))
 
 
-def summarize_calls(prof_dir: str, pids: Dict[str, int], since: float) -> Dict[str, dict]:
+def summarize_calls(
+    prof_dir: str, pids: Dict[str, int], since: float
+) -> Dict[str, dict]:
     """Per rank: the tower calls made after ``since`` (perf_counter clock of
     the server: all calls of the measured bursts, not the warm-up's)."""
     out = {}
@@ -96,10 +101,12 @@ def summarize_calls(prof_dir: str, pids: Dict[str, int], since: float) -> Dict[s
             "images_per_call": images / len(calls),
             "patches_per_call": statistics.fmean(c["patches"] for c in calls),
             "wall_ms_per_call": 1000 * statistics.fmean(c["wall_s"] for c in calls),
-            "cpu_ms_per_call": 1000 * statistics.fmean(c["process_cpu_s"] for c in calls),
+            "cpu_ms_per_call": 1000
+            * statistics.fmean(c["process_cpu_s"] for c in calls),
             "wall_ms_per_image": 1000 * sum(c["wall_s"] for c in calls) / images,
             "cpu_ms_per_image": 1000 * sum(c["process_cpu_s"] for c in calls) / images,
-            "wall_us_per_patch": 1e6 * sum(c["wall_s"] for c in calls)
+            "wall_us_per_patch": 1e6
+            * sum(c["wall_s"] for c in calls)
             / max(1, sum(c["patches"] for c in calls)),
             "threads": sorted({c["threads"] for c in calls}),
         }
@@ -111,19 +118,33 @@ def profile_build(label: str, target: str, args, out_dir: str) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     prof_dir = os.path.join(work, "vit")
-    srv = CpuServer(args.model, log_path=os.path.join(work, "server.log"), tp_size=2,
-                    dp_encoder=True, python_path=[os.path.abspath(target)],
-                    simulate_rocm_gate=True, omp_threads=args.omp_threads,
-                    vit_profile_dir=prof_dir, torch_logs=None, ready_timeout=900,
-                    extra_args=["--enable-metrics"])
+    srv = CpuServer(
+        args.model,
+        log_path=os.path.join(work, "server.log"),
+        tp_size=2,
+        dp_encoder=True,
+        python_path=[os.path.abspath(target)],
+        simulate_rocm_gate=True,
+        omp_threads=args.omp_threads,
+        vit_profile_dir=prof_dir,
+        torch_logs=None,
+        ready_timeout=900,
+        extra_args=["--enable-metrics"],
+    )
     with srv:
         print(f"[{label}] ready after {srv.ready_seconds:.1f} s", flush=True)
         pids = scheduler_pids(srv)
         margs = argparse.Namespace(**vars(args))
         margs.mixed_bursts = args.bursts
-        wcfg = B.mixed_config_from_args(margs, seed_offset=1000, bursts=args.warmup_bursts)
-        B.run_mixed_bursts(base_url=srv.base_url, model=args.model, cfg=wcfg,
-                           echo=lambda m: print(f"[{label}] warm-up {m}", flush=True))
+        wcfg = B.mixed_config_from_args(
+            margs, seed_offset=1000, bursts=args.warmup_bursts
+        )
+        B.run_mixed_bursts(
+            base_url=srv.base_url,
+            model=args.model,
+            cfg=wcfg,
+            echo=lambda m: print(f"[{label}] warm-up {m}", flush=True),
+        )
         cfg = B.mixed_config_from_args(margs)
         plan = B.mixed_plan(cfg)
         # the server's perf_counter and ours share CLOCK_MONOTONIC on Linux
@@ -133,14 +154,34 @@ def profile_build(label: str, target: str, args, out_dir: str) -> dict:
         if args.py_spy:
             spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
             for rank, pid in pids.items():
-                spies.append(subprocess.Popen(
-                    [spy, "record", "--pid", str(pid), "--rate", str(args.py_spy_rate),
-                     "--threads", "--format", "raw", "--nonblocking",
-                     "-o", os.path.join(work, f"spy-{rank}.txt")],
-                    stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, f"spy-{rank}.log"), "w")))
+                spies.append(
+                    subprocess.Popen(
+                        [
+                            spy,
+                            "record",
+                            "--pid",
+                            str(pid),
+                            "--rate",
+                            str(args.py_spy_rate),
+                            "--threads",
+                            "--format",
+                            "raw",
+                            "--nonblocking",
+                            "-o",
+                            os.path.join(work, f"spy-{rank}.txt"),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=open(os.path.join(work, f"spy-{rank}.log"), "w"),
+                    )
+                )
         t0 = time.perf_counter()
-        res = B.run_mixed_bursts(base_url=srv.base_url, model=args.model, cfg=cfg, plan=plan,
-                                 echo=lambda m: print(f"[{label}] {m}", flush=True))
+        res = B.run_mixed_bursts(
+            base_url=srv.base_url,
+            model=args.model,
+            cfg=cfg,
+            plan=plan,
+            echo=lambda m: print(f"[{label}] {m}", flush=True),
+        )
         dt = time.perf_counter() - t0
         cpu1, load1 = thread_cpu(list(pids.values())), os.getloadavg()[0]
         for p in spies:
@@ -152,11 +193,21 @@ def profile_build(label: str, target: str, args, out_dir: str) -> dict:
                 p.kill()
         calls = summarize_calls(prof_dir, pids, since)
     busy = sorted(((cpu1[k] - cpu0.get(k, 0.0), k) for k in cpu1), reverse=True)
-    threads = [{"thread": k, "cpu_s": round(c, 2), "share_of_core": round(c / dt, 3)}
-               for c, k in busy if c > 0.05]
-    summary = {"label": label, "target": target, "omp_threads": args.omp_threads,
-               "loadavg": [load0, load1], "stats": res["stats"], "tower": calls,
-               "threads": threads, "scheduler_pids": pids}
+    threads = [
+        {"thread": k, "cpu_s": round(c, 2), "share_of_core": round(c / dt, 3)}
+        for c, k in busy
+        if c > 0.05
+    ]
+    summary = {
+        "label": label,
+        "target": target,
+        "omp_threads": args.omp_threads,
+        "loadavg": [load0, load1],
+        "stats": res["stats"],
+        "tower": calls,
+        "threads": threads,
+        "scheduler_pids": pids,
+    }
     with open(os.path.join(work, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
@@ -164,34 +215,44 @@ def profile_build(label: str, target: str, args, out_dir: str) -> dict:
 
 def print_summary(s: dict) -> None:
     st = s["stats"]
-    print(f"== {s['label']} (OMP_NUM_THREADS {s['omp_threads']}; load {s['loadavg'][0]:.1f} -> "
-          f"{s['loadavg'][1]:.1f}): {st['bursts_per_min']:.1f} bursts/min, "
-          f"{st['requests_per_s']:.2f} req/s, TTFT mean {st['mean_ttft_ms']:.0f} ms, "
-          f"P99 {st['p99_ttft_ms']:.0f} ms")
+    print(
+        f"== {s['label']} (OMP_NUM_THREADS {s['omp_threads']}; load {s['loadavg'][0]:.1f} -> "
+        f"{s['loadavg'][1]:.1f}): {st['bursts_per_min']:.1f} bursts/min, "
+        f"{st['requests_per_s']:.2f} req/s, TTFT mean {st['mean_ttft_ms']:.0f} ms, "
+        f"P99 {st['p99_ttft_ms']:.0f} ms"
+    )
     for rank, c in s["tower"].items():
         if not c["calls"]:
             print(f"   {rank}: no tower call")
             continue
-        print(f"   {rank}: {c['calls']} calls, {c['images_per_call']:.2f} images and "
-              f"{c['patches_per_call']:.0f} patches per call, {c['wall_ms_per_call']:.1f} ms wall / "
-              f"{c['cpu_ms_per_call']:.1f} ms CPU per call, {c['wall_ms_per_image']:.1f} / "
-              f"{c['cpu_ms_per_image']:.1f} ms per image, {c['wall_us_per_patch']:.0f} us wall per "
-              f"patch, threads {c['threads']}")
+        print(
+            f"   {rank}: {c['calls']} calls, {c['images_per_call']:.2f} images and "
+            f"{c['patches_per_call']:.0f} patches per call, {c['wall_ms_per_call']:.1f} ms wall / "
+            f"{c['cpu_ms_per_call']:.1f} ms CPU per call, {c['wall_ms_per_image']:.1f} / "
+            f"{c['cpu_ms_per_image']:.1f} ms per image, {c['wall_us_per_patch']:.0f} us wall per "
+            f"patch, threads {c['threads']}"
+        )
     for t in s["threads"][:6]:
-        print(f"   thread {t['thread']}: {t['cpu_s']} s CPU ({100 * t['share_of_core']:.0f}% of a core)")
+        print(
+            f"   thread {t['thread']}: {t['cpu_s']} s CPU ({100 * t['share_of_core']:.0f}% of a core)"
+        )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--model", default=os.path.join(ROOT, ".cache", "tiny-qwen3-vl"))
     p.add_argument("--build", action="append", required=True, help="LABEL=TARGET_TREE")
     p.add_argument("--out", required=True)
     p.add_argument("--bursts", type=int, default=20)
     p.add_argument("--warmup-bursts", type=int, default=3)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--omp-threads", type=int, help="see cpu_server.py (default: CPUs per rank)")
+    p.add_argument(
+        "--omp-threads", type=int, help="see cpu_server.py (default: CPUs per rank)"
+    )
     p.add_argument("--py-spy", action="store_true")
     p.add_argument("--py-spy-rate", type=int, default=50)
     B.add_mixed_arguments(p)

@@ -21,7 +21,9 @@ import sys
 import time
 
 # The repository root, for cpu_support.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
 
 ITEMS = (1, 8, 64)
 
@@ -29,8 +31,8 @@ ITEMS = (1, 8, 64)
 def _rank(rank, world_size, init_method, reps):
     import torch
     import torch.distributed as dist
-
     from cpu_support import tiny_qwen3_vl as T
+
     from sglang.srt.runtime_context import get_parallel
 
     T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
@@ -63,7 +65,9 @@ def main(argv=None) -> int:
     from cpu_support.ranks import run_on_ranks
 
     results = run_on_ranks(_rank, 2, args.reps, timeout=600)
-    print("| items in the step | median us (rank 0 / rank 1) | p90 us (rank 0 / rank 1) |")
+    print(
+        "| items in the step | median us (rank 0 / rank 1) | p90 us (rank 0 / rank 1) |"
+    )
     print("|---:|---:|---:|")
     for items in ITEMS:
         med = " / ".join(f"{r[items][0] * 1e6:.0f}" for r in results)

@@ -51,7 +51,9 @@ import sys
 import time
 
 # The repository root, for cpu_support.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
 
 from cpu_support import vit_bench_util as U  # noqa: E402
 
@@ -60,19 +62,24 @@ DEFAULT_BURST = "224x224:6,448x448:4,128x448:4,672x672:2"
 
 def _point(rank, world_size, init_method, cfg, cap):
     import torch
-
     from cpu_support import mm_harness as H
     from cpu_support import tiny_qwen3_vl as T
+
     from sglang.srt.runtime_context import get_mm
 
     dp = world_size > 1
     config = T.tiny_qwen3_vl_config(vision=cfg["vision"])
     T.publish_cpu_context(
-        tp_size=world_size, rank=rank, dp_encoder=dp, model_path=T.write_config_dir(config)
+        tp_size=world_size,
+        rank=rank,
+        dp_encoder=dp,
+        model_path=T.write_config_dir(config),
     )
     T.init_gloo(rank, world_size, init_method)
     model = T.build_tiny_qwen3_vl(config, seed=0)
-    requests = [H.make_request([g], seed=i, config=config) for i, g in enumerate(cfg["grids"])]
+    requests = [
+        H.make_request([g], seed=i, config=config) for i, g in enumerate(cfg["grids"])
+    ]
 
     def barrier():
         if dp:
@@ -92,7 +99,9 @@ def _point(rank, world_size, init_method, cfg, cap):
         step()  # warm-up at this cap: same call shapes as the timed steps
         baseline = U.rss_mib()
         for _ in range(cfg["repeats"]):
-            with U.EncoderCallLog(model) as log, H.TowerCalls().attach(model.visual) as tower:
+            with U.EncoderCallLog(model) as log, H.TowerCalls().attach(
+                model.visual
+            ) as tower:
                 with U.PeakRss() as mem:
                     wall, used = step()
             times.append(wall)
@@ -157,33 +166,66 @@ def _ms_per_step(split, patches, cap, ranks, budget_s, max_steps):
     return 1000 * statistics.median(times), groups
 
 
-def splitter_rows(images=SPLITTER_IMAGES, patches=SPLITTER_PATCHES, cap=SPLITTER_CAP,
-                  ranks=SPLITTER_RANKS, budget_s=0.3):
+def splitter_rows(
+    images=SPLITTER_IMAGES,
+    patches=SPLITTER_PATCHES,
+    cap=SPLITTER_CAP,
+    ranks=SPLITTER_RANKS,
+    budget_s=0.3,
+):
     """One row per image count: calls, ms per step now and before the fix,
     and whether both gave the same calls."""
     # Both import here, so that no timed step pays for an import.
-    from sglang.srt.multimodal.mm_utils import get_dp_encoder_lb_assignment  # noqa: F401
+    from sglang.srt.multimodal.mm_utils import (  # noqa: F401
+        get_dp_encoder_lb_assignment,
+    )
     from sglang.srt.multimodal.vit_batching import encoder_call_groups
 
     rows = []
     for n in images:
         sizes = [patches] * n
-        now_ms, now = _ms_per_step(encoder_call_groups, sizes, cap, ranks, budget_s, 200)
+        now_ms, now = _ms_per_step(
+            encoder_call_groups, sizes, cap, ranks, budget_s, 200
+        )
         old_ms, old = _ms_per_step(prefix_call_groups, sizes, cap, ranks, budget_s, 5)
-        rows.append(dict(images=n, calls=len(now), now_ms=now_ms, prefix_ms=old_ms,
-                         same_groups=now == old))
+        rows.append(
+            dict(
+                images=n,
+                calls=len(now),
+                now_ms=now_ms,
+                prefix_ms=old_ms,
+                same_groups=now == old,
+            )
+        )
     return rows
 
 
-def splitter_table(rows, patches=SPLITTER_PATCHES, cap=SPLITTER_CAP, ranks=SPLITTER_RANKS):
-    head = (f"Splitter, scheduler side: images of {patches} patches, cap {cap} patches per "
-            f"rank per call, attention-TP {ranks} (DP encoder); median CPU ms per step "
-            f"of splitting the step's cache misses into calls (no encoding).\n")
+def splitter_table(
+    rows, patches=SPLITTER_PATCHES, cap=SPLITTER_CAP, ranks=SPLITTER_RANKS
+):
+    head = (
+        f"Splitter, scheduler side: images of {patches} patches, cap {cap} patches per "
+        f"rank per call, attention-TP {ranks} (DP encoder); median CPU ms per step "
+        f"of splitting the step's cache misses into calls (no encoding).\n"
+    )
     table = U.markdown_table(
-        ["images", "calls", "encoder_call_groups (ms)", "pre-fix: balancer per image (ms)",
-         "same calls"],
-        [[r["images"], r["calls"], f"{r['now_ms']:.3f}", f"{r['prefix_ms']:.1f}",
-          "yes" if r["same_groups"] else "NO"] for r in rows],
+        [
+            "images",
+            "calls",
+            "encoder_call_groups (ms)",
+            "pre-fix: balancer per image (ms)",
+            "same calls",
+        ],
+        [
+            [
+                r["images"],
+                r["calls"],
+                f"{r['now_ms']:.3f}",
+                f"{r['prefix_ms']:.1f}",
+                "yes" if r["same_groups"] else "NO",
+            ]
+            for r in rows
+        ],
     )
     return head + "\n" + table
 
@@ -200,27 +242,50 @@ def knee(rows, tolerance: float):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--caps", type=U.caps_arg, default=U.caps_arg("1,512,1024,2048,4096,none"),
-                   help="comma list of patch caps per call (per rank with the DP encoder); 'none' = no cap")
-    p.add_argument("--burst", type=U.burst_arg, default=U.burst_arg(DEFAULT_BURST),
-                   help=f"single-image requests, WxH:count,... in pixels (default {DEFAULT_BURST})")
-    p.add_argument("--settings", default="1proc,dp2", help="1proc and/or dp2 (comma list)")
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per point (>= 1)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--caps",
+        type=U.caps_arg,
+        default=U.caps_arg("1,512,1024,2048,4096,none"),
+        help="comma list of patch caps per call (per rank with the DP encoder); 'none' = no cap",
+    )
+    p.add_argument(
+        "--burst",
+        type=U.burst_arg,
+        default=U.burst_arg(DEFAULT_BURST),
+        help=f"single-image requests, WxH:count,... in pixels (default {DEFAULT_BURST})",
+    )
+    p.add_argument(
+        "--settings", default="1proc,dp2", help="1proc and/or dp2 (comma list)"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed steps per point (>= 1)"
+    )
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    p.add_argument("--knee-tolerance", type=float, default=0.05,
-                   help="knee = smallest cap within this fraction of the best ms per 1k patches")
-    p.add_argument("--splitter-only", action="store_true",
-                   help="print only the splitter table (scheduler-side ms per step, now vs pre-fix)")
+    p.add_argument(
+        "--knee-tolerance",
+        type=float,
+        default=0.05,
+        help="knee = smallest cap within this fraction of the best ms per 1k patches",
+    )
+    p.add_argument(
+        "--splitter-only",
+        action="store_true",
+        help="print only the splitter table (scheduler-side ms per step, now vs pre-fix)",
+    )
     args = p.parse_args(argv)
     if args.splitter_only:
         rows = splitter_rows()
         print(splitter_table(rows))
         if not all(r["same_groups"] for r in rows):
-            sys.exit("bench_vit_cap: encoder_call_groups and the pre-fix splitter disagree")
+            sys.exit(
+                "bench_vit_cap: encoder_call_groups and the pre-fix splitter disagree"
+            )
         return {"splitter": rows}
     settings = {"1proc": ("1 process", 1), "dp2": ("DP encoder, 2 gloo ranks", 2)}
     chosen = [s.strip() for s in args.settings.split(",") if s.strip()]
@@ -229,7 +294,9 @@ def main(argv=None):
             p.error(f"unknown setting {s!r}: choose from {', '.join(settings)}")
     U.check_run_args(p, args)
 
-    caps = sorted([c for c in args.caps if c is not None]) + [None] * (None in args.caps)
+    caps = sorted([c for c in args.caps if c is not None]) + [None] * (
+        None in args.caps
+    )
     grids = U.burst_grids(args.burst)
     total_patches = sum(U.patches(g) for g in grids)
     cfg = dict(
@@ -247,24 +314,32 @@ def main(argv=None):
         rows = []
         for cap in caps:
             t0 = time.perf_counter()
-            per_rank = run_on_ranks(_point, world, cfg, cap, timeout=1800, threads_per_rank=args.threads)
+            per_rank = run_on_ranks(
+                _point, world, cfg, cap, timeout=1800, threads_per_rank=args.threads
+            )
             calls = U.summarize_calls(per_rank[0]["calls"])
             # A step ends at the slower rank's barrier; rank 0's clock covers it.
             median_s = statistics.median(per_rank[0]["times"])
             # CPU time of the step, the busiest rank: robust to other load on
             # a shared machine (one torch thread per process).
             cpu_s = max(statistics.median(r["cpu"]) for r in per_rank)
-            rows.append(dict(
-                cap=cap,
-                **calls,
-                tower_patches_max=max(r["tower_patches_max"] for r in per_rank),
-                median_ms=1000 * median_s,
-                cpu_ms=1000 * cpu_s,
-                ms_per_1k=1000 * cpu_s / total_patches * 1000,
-                peak_mib=max(r["peak_mib"] for r in per_rank),
-                baseline_mib=max(r["baseline_mib"] for r in per_rank),
-            ))
-            print(f"# {label}, cap {cap}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            rows.append(
+                dict(
+                    cap=cap,
+                    **calls,
+                    tower_patches_max=max(r["tower_patches_max"] for r in per_rank),
+                    median_ms=1000 * median_s,
+                    cpu_ms=1000 * cpu_s,
+                    ms_per_1k=1000 * cpu_s / total_patches * 1000,
+                    peak_mib=max(r["peak_mib"] for r in per_rank),
+                    baseline_mib=max(r["baseline_mib"] for r in per_rank),
+                )
+            )
+            print(
+                f"# {label}, cap {cap}: {time.perf_counter() - t0:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         results[key] = rows
 
     kinds = ", ".join(f"{n}× {w}×{h}" for w, h, n in args.burst)
@@ -277,31 +352,50 @@ def main(argv=None):
         f"the busiest rank, which the per-patch cost and the knee use); peak = max step RSS "
         f"growth over the repeats and ranks.\n"
     )
-    headers = ["setting", "cap (patches/rank/call)", "calls", "images per call mean / max",
-               "max patches / rank / call", "step wall median (ms)", "step CPU median (ms)",
-               "CPU ms per 1k patches",
-               "peak step memory (MiB)"]
+    headers = [
+        "setting",
+        "cap (patches/rank/call)",
+        "calls",
+        "images per call mean / max",
+        "max patches / rank / call",
+        "step wall median (ms)",
+        "step CPU median (ms)",
+        "CPU ms per 1k patches",
+        "peak step memory (MiB)",
+    ]
     table = []
     for key in chosen:
         for r in results[key]:
-            table.append([
-                settings[key][0], "none" if r["cap"] is None else r["cap"], r["calls"],
-                f"{r['images_mean']:.1f} / {r['images_max']}", r["tower_patches_max"],
-                f"{r['median_ms']:.0f}", f"{r['cpu_ms']:.0f}", f"{r['ms_per_1k']:.1f}", f"{r['peak_mib']:.0f}",
-            ])
+            table.append(
+                [
+                    settings[key][0],
+                    "none" if r["cap"] is None else r["cap"],
+                    r["calls"],
+                    f"{r['images_mean']:.1f} / {r['images_max']}",
+                    r["tower_patches_max"],
+                    f"{r['median_ms']:.0f}",
+                    f"{r['cpu_ms']:.0f}",
+                    f"{r['ms_per_1k']:.1f}",
+                    f"{r['peak_mib']:.0f}",
+                ]
+            )
     print(U.markdown_table(headers, table, align="llrrrrrrr"))
     print()
     for key in chosen:
         k = knee(results[key], args.knee_tolerance)
-        print(f"Knee, {settings[key][0]}: cap {'none' if k is None else k} (smallest cap within "
-              f"{100 * args.knee_tolerance:.0f}% of the best CPU ms per 1k patches)")
+        print(
+            f"Knee, {settings[key][0]}: cap {'none' if k is None else k} (smallest cap within "
+            f"{100 * args.knee_tolerance:.0f}% of the best CPU ms per 1k patches)"
+        )
     splitter = splitter_rows()
     print()
     print(splitter_table(splitter))
     if not all(r["same_groups"] for r in splitter):
         sys.exit("bench_vit_cap: encoder_call_groups and the pre-fix splitter disagree")
     results["splitter"] = splitter
-    print(f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'benchmark/vit/bench_vit_cap.py'] + (sys.argv[1:] if argv is None else list(argv)))}")
+    print(
+        f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'benchmark/vit/bench_vit_cap.py'] + (sys.argv[1:] if argv is None else list(argv)))}"
+    )
     print(f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     return results
 

@@ -43,7 +43,9 @@ import sys
 import time
 
 # The repository root, for cpu_support.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
 
 from cpu_support import vit_bench_util as U  # noqa: E402  (stdlib only at import)
 from cpu_support.standins import prepare_cpu_process  # noqa: E402
@@ -59,13 +61,14 @@ def _worker(rank, world_size, init_method, cfg):
     import gc
 
     import torch
-
     from cpu_support import tiny_qwen3_vl as T
 
     dp = world_size > 1
     config = T.tiny_qwen3_vl_config(vision=cfg["vision"])
     model_dir = T.write_config_dir(config)
-    T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=dp, model_path=model_dir)
+    T.publish_cpu_context(
+        tp_size=world_size, rank=rank, dp_encoder=dp, model_path=model_dir
+    )
     T.init_gloo(rank, world_size, init_method)
     model = T.build_tiny_qwen3_vl(config, seed=0)
 
@@ -74,7 +77,9 @@ def _worker(rank, world_size, init_method, cfg):
             torch.distributed.barrier()
 
     grid = (1, cfg["size"] // cfg["patch"], cfg["size"] // cfg["patch"])
-    items = [T.image_item(grid, seed=1000 + i, config=config) for i in range(cfg["images"])]
+    items = [
+        T.image_item(grid, seed=1000 + i, config=config) for i in range(cfg["images"])
+    ]
 
     def per_request():
         return [model.get_image_feature([item]) for item in items]
@@ -122,7 +127,9 @@ def _worker(rank, world_size, init_method, cfg):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--images", type=int, default=8, help="single-image requests")

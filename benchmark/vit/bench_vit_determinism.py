@@ -38,7 +38,9 @@ import sys
 import time
 
 # The repository root, for cpu_support.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
 
 from cpu_support import vit_bench_util as U  # noqa: E402
 
@@ -53,7 +55,9 @@ def _per_image_diff(batched, alone, tokens_per_image):
 
     assert batched.shape == alone.shape, (batched.shape, alone.shape)
     equal, max_abs, cos_all = 0, 0.0, []
-    for b, a in zip(torch.split(batched, tokens_per_image), torch.split(alone, tokens_per_image)):
+    for b, a in zip(
+        torch.split(batched, tokens_per_image), torch.split(alone, tokens_per_image)
+    ):
         equal += bool(torch.equal(b, a))
         max_abs = max(max_abs, float((b.double() - a.double()).abs().max()))
         cos_all.append(F.cosine_similarity(b.double(), a.double(), dim=-1))
@@ -69,18 +73,23 @@ def _per_image_diff(batched, alone, tokens_per_image):
 
 def _worker(rank, world_size, init_method, cfg):
     import torch
-
     from cpu_support import mm_harness as H
     from cpu_support import tiny_qwen3_vl as T
+
     from sglang.srt.runtime_context import get_exec
 
     dp = world_size > 1
     config = T.tiny_qwen3_vl_config(vision=cfg["vision"])
     T.publish_cpu_context(
-        tp_size=world_size, rank=rank, dp_encoder=dp, model_path=T.write_config_dir(config)
+        tp_size=world_size,
+        rank=rank,
+        dp_encoder=dp,
+        model_path=T.write_config_dir(config),
     )
     T.init_gloo(rank, world_size, init_method)
-    requests = [H.make_request([g], seed=i, config=config) for i, g in enumerate(cfg["grids"])]
+    requests = [
+        H.make_request([g], seed=i, config=config) for i, g in enumerate(cfg["grids"])
+    ]
     tokens = [(U.patches(g) // (U.MERGE * U.MERGE)) for g in cfg["grids"]]
 
     def barrier():
@@ -88,9 +97,13 @@ def _worker(rank, world_size, init_method, cfg):
             torch.distributed.barrier()
 
     def step(model, deterministic):
-        with get_exec().deterministic.override(enable_deterministic_inference=deterministic):
+        with get_exec().deterministic.override(
+            enable_deterministic_inference=deterministic
+        ):
             H.fresh_embedding_cache()
-            with U.EncoderCallLog(model) as log, H.TowerCalls().attach(model.visual) as tower:
+            with U.EncoderCallLog(model) as log, H.TowerCalls().attach(
+                model.visual
+            ) as tower:
                 barrier()
                 t0, c0 = time.perf_counter(), time.process_time()
                 out = H.run_prefill_embedding(model, requests)
@@ -108,8 +121,13 @@ def _worker(rank, world_size, init_method, cfg):
                     with U.dense_masked_attention(attention == "dense"):
                         batched, _, _, _ = step(model, False)
                         alone = H.reference_rows(model, requests)
-                    diffs.append(dict(dtype=dtype_name, attention=attention,
-                                      **_per_image_diff(batched, alone, tokens)))
+                    diffs.append(
+                        dict(
+                            dtype=dtype_name,
+                            attention=attention,
+                            **_per_image_diff(batched, alone, tokens),
+                        )
+                    )
             # (b): deterministic inference off vs on, installed attention
             alone = H.reference_rows(model, requests)
             times = {False: [], True: []}
@@ -121,11 +139,21 @@ def _worker(rank, world_size, init_method, cfg):
                     if k:
                         times[mode].append(elapsed[0])
                         cpu[mode].append(elapsed[1])
-                    info[mode] = dict(calls=calls, tower_calls=tower_calls,
-                                      bitwise=bool(torch.equal(out, alone)))
+                    info[mode] = dict(
+                        calls=calls,
+                        tower_calls=tower_calls,
+                        bitwise=bool(torch.equal(out, alone)),
+                    )
             for mode in (False, True):
-                costs.append(dict(dtype=dtype_name, deterministic=mode, times=times[mode],
-                                  cpu=cpu[mode], **info[mode]))
+                costs.append(
+                    dict(
+                        dtype=dtype_name,
+                        deterministic=mode,
+                        times=times[mode],
+                        cpu=cpu[mode],
+                        **info[mode],
+                    )
+                )
         del model
     return {"diffs": diffs, "costs": costs}
 
@@ -138,11 +166,23 @@ def _fmt_cos(c: float, bitwise: bool) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--burst", type=U.burst_arg, default=U.burst_arg(DEFAULT_BURST),
-                   help=f"single-image requests, WxH:count,... in pixels (default {DEFAULT_BURST})")
-    p.add_argument("--settings", default="1proc,dp2", help="1proc and/or dp2 (comma list); (a) runs in 1proc")
-    p.add_argument("--dtypes", default="float32,bfloat16", help="comma list of float32, bfloat16")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--burst",
+        type=U.burst_arg,
+        default=U.burst_arg(DEFAULT_BURST),
+        help=f"single-image requests, WxH:count,... in pixels (default {DEFAULT_BURST})",
+    )
+    p.add_argument(
+        "--settings",
+        default="1proc,dp2",
+        help="1proc and/or dp2 (comma list); (a) runs in 1proc",
+    )
+    p.add_argument(
+        "--dtypes", default="float32,bfloat16", help="comma list of float32, bfloat16"
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed steps per mode (>= 1)")
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256)
@@ -176,19 +216,25 @@ def main(argv=None):
     for key in chosen:
         label, world = settings[key]
         t0 = time.perf_counter()
-        per_rank = run_on_ranks(_worker, world, cfg, timeout=3600, threads_per_rank=args.threads)
+        per_rank = run_on_ranks(
+            _worker, world, cfg, timeout=3600, threads_per_rank=args.threads
+        )
         diffs.extend(per_rank[0]["diffs"])
         for i, row in enumerate(per_rank[0]["costs"]):
             others = [r["costs"][i] for r in per_rank]
-            costs.append(dict(
-                row,
-                setting=label,
-                tower_calls=" / ".join(str(o["tower_calls"]) for o in others),
-                bitwise=all(o["bitwise"] for o in others),
-                median_ms=1000 * statistics.median(row["times"]),
-                cpu_ms=1000 * max(statistics.median(o["cpu"]) for o in others),
-            ))
-        print(f"# {label}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            costs.append(
+                dict(
+                    row,
+                    setting=label,
+                    tower_calls=" / ".join(str(o["tower_calls"]) for o in others),
+                    bitwise=all(o["bitwise"] for o in others),
+                    median_ms=1000 * statistics.median(row["times"]),
+                    cpu_ms=1000 * max(statistics.median(o["cpu"]) for o in others),
+                )
+            )
+        print(
+            f"# {label}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True
+        )
 
     total = sum(U.patches(g) for g in grids)
     kinds = ", ".join(f"{n}× {w}×{h}" for w, h, n in args.burst)
@@ -200,26 +246,74 @@ def main(argv=None):
     )
     if diffs:
         print("(a) Batched vs alone, deterministic inference off, 1 process:\n")
-        print(U.markdown_table(
-            ["attention", "dtype", "images bitwise equal", "max abs diff", "mean token cosine", "min token cosine"],
-            [[("per-sequence (series)" if d["attention"] == "per-sequence" else "dense mask (0.5.23)"),
-              d["dtype"], f"{d['bitwise_equal']} / {d['images']}", f"{d['max_abs']:.3g}",
-              _fmt_cos(d["mean_cos"], d["bitwise_equal"] == d["images"]),
-              _fmt_cos(d["min_cos"], d["bitwise_equal"] == d["images"])] for d in diffs],
-            align="llrrrr",
-        ))
+        print(
+            U.markdown_table(
+                [
+                    "attention",
+                    "dtype",
+                    "images bitwise equal",
+                    "max abs diff",
+                    "mean token cosine",
+                    "min token cosine",
+                ],
+                [
+                    [
+                        (
+                            "per-sequence (series)"
+                            if d["attention"] == "per-sequence"
+                            else "dense mask (0.5.23)"
+                        ),
+                        d["dtype"],
+                        f"{d['bitwise_equal']} / {d['images']}",
+                        f"{d['max_abs']:.3g}",
+                        _fmt_cos(d["mean_cos"], d["bitwise_equal"] == d["images"]),
+                        _fmt_cos(d["min_cos"], d["bitwise_equal"] == d["images"]),
+                    ]
+                    for d in diffs
+                ],
+                align="llrrrr",
+            )
+        )
         print()
-    print(f"(b) Deterministic inference off vs on (per-sequence SDPA), step median of {args.repeats}:\n")
-    base = {(c["setting"], c["dtype"]): c["cpu_ms"] for c in costs if not c["deterministic"]}
-    print(U.markdown_table(
-        ["setting", "dtype", "deterministic", "encoder calls", "tower calls per rank",
-         "step wall median (ms)", "step CPU median (ms)", "CPU vs off", "bitwise equal to alone"],
-        [[c["setting"], c["dtype"], "on" if c["deterministic"] else "off", c["calls"], c["tower_calls"],
-          f"{c['median_ms']:.0f}", f"{c['cpu_ms']:.0f}", f"{c['cpu_ms'] / base[(c['setting'], c['dtype'])]:.2f}×",
-          "yes" if c["bitwise"] else "no"] for c in costs],
-        align="lllrrrrrl",
-    ))
-    print(f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'benchmark/vit/bench_vit_determinism.py'] + (sys.argv[1:] if argv is None else list(argv)))}")
+    print(
+        f"(b) Deterministic inference off vs on (per-sequence SDPA), step median of {args.repeats}:\n"
+    )
+    base = {
+        (c["setting"], c["dtype"]): c["cpu_ms"] for c in costs if not c["deterministic"]
+    }
+    print(
+        U.markdown_table(
+            [
+                "setting",
+                "dtype",
+                "deterministic",
+                "encoder calls",
+                "tower calls per rank",
+                "step wall median (ms)",
+                "step CPU median (ms)",
+                "CPU vs off",
+                "bitwise equal to alone",
+            ],
+            [
+                [
+                    c["setting"],
+                    c["dtype"],
+                    "on" if c["deterministic"] else "off",
+                    c["calls"],
+                    c["tower_calls"],
+                    f"{c['median_ms']:.0f}",
+                    f"{c['cpu_ms']:.0f}",
+                    f"{c['cpu_ms'] / base[(c['setting'], c['dtype'])]:.2f}×",
+                    "yes" if c["bitwise"] else "no",
+                ]
+                for c in costs
+            ],
+            align="lllrrrrrl",
+        )
+    )
+    print(
+        f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'benchmark/vit/bench_vit_determinism.py'] + (sys.argv[1:] if argv is None else list(argv)))}"
+    )
     print(f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     return diffs, costs
 

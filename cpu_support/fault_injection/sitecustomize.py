@@ -19,8 +19,13 @@ import os
 import sys
 
 # The repository root, so that cpu_support imports in this server process.
-sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from cpu_support.post_import import chain_next_sitecustomize, patch_after_import  # noqa: E402
+sys.path.append(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
+from cpu_support.post_import import (  # noqa: E402
+    chain_next_sitecustomize,
+    patch_after_import,
+)
 
 ENV = "FORK_FAULT_WARM_UP_CLEAN_UP_RANK"
 _MODULE = "sglang.srt.multimodal.vision_warmup"

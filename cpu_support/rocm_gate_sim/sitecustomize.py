@@ -36,8 +36,13 @@ import os
 import sys
 
 # The repository root, so that cpu_support imports in this server process.
-sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from cpu_support.post_import import chain_next_sitecustomize, patch_after_import  # noqa: E402
+sys.path.append(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
+from cpu_support.post_import import (  # noqa: E402
+    chain_next_sitecustomize,
+    patch_after_import,
+)
 
 _ENV = "FORK_DEMO_SIMULATE_ROCM_GATE"
 _MM_UTILS = "sglang.srt.multimodal.mm_utils"
@@ -75,7 +80,9 @@ def _patch_mm_utils(mod):
     fn = getattr(mod, "hip_dp_encoder_batches_vit", None)
     if fn is not None and not getattr(fn, "__fork_rocm_sim__", False):
         mod.hip_dp_encoder_batches_vit = _under_hip(fn)
-        _log("mm_utils.hip_dp_encoder_batches_vit evaluates under override_platform(is_hip=True)")
+        _log(
+            "mm_utils.hip_dp_encoder_batches_vit evaluates under override_platform(is_hip=True)"
+        )
 
 
 def _patch_mm_schedule(mod):
@@ -85,14 +92,18 @@ def _patch_mm_schedule(mod):
     if fn is not None:
         if not getattr(fn, "__fork_rocm_sim__", False):
             mod._batch_vit_across_requests = _under_hip(fn)
-            _log("series build: mm_schedule._batch_vit_across_requests evaluates "
-                 "under override_platform(is_hip=True)")
+            _log(
+                "series build: mm_schedule._batch_vit_across_requests evaluates "
+                "under override_platform(is_hip=True)"
+            )
     elif hasattr(mod, "_is_hip"):
         mod._is_hip = True
         _log("pristine build: mm_schedule._is_hip = True (per-request ViT path)")
     else:
-        _log("mm_schedule has neither _batch_vit_across_requests nor _is_hip; "
-             "nothing patched")
+        _log(
+            "mm_schedule has neither _batch_vit_across_requests nor _is_hip; "
+            "nothing patched"
+        )
 
 
 def _patch_vision_warmup(mod):
@@ -101,7 +112,9 @@ def _patch_vision_warmup(mod):
     fn = getattr(mod, "vision_warm_up_decision", None)
     if fn is not None and not getattr(fn, "__fork_rocm_sim__", False):
         mod.vision_warm_up_decision = _under_hip(fn, report=True)
-        _log("vision_warmup.vision_warm_up_decision evaluates under override_platform(is_hip=True)")
+        _log(
+            "vision_warmup.vision_warm_up_decision evaluates under override_platform(is_hip=True)"
+        )
 
 
 _PATCHERS = {

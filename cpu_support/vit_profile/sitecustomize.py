@@ -26,8 +26,13 @@ import sys
 import time
 
 # The repository root, so that cpu_support imports in this server process.
-sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from cpu_support.post_import import chain_next_sitecustomize, patch_after_import  # noqa: E402
+sys.path.append(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
+from cpu_support.post_import import (  # noqa: E402
+    chain_next_sitecustomize,
+    patch_after_import,
+)
 
 _DIR_ENV = "FORK_VIT_PROFILE_DIR"
 _TORCH_ENV = "FORK_VIT_PROFILE_TORCH"
@@ -54,8 +59,9 @@ def _wrap(forward, out_dir):
         grids = _grid_list(grid_thw)
         prof = None
         if torch_calls and _FIRST_TORCH_CALL <= n < _FIRST_TORCH_CALL + torch_calls:
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                          record_shapes=False)
+            prof = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False
+            )
             prof.__enter__()
         w0, t0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
         out = forward(self, x, grid_thw, *args, **kwargs)
@@ -64,14 +70,24 @@ def _wrap(forward, out_dir):
             prof.__exit__(None, None, None)
             path = os.path.join(out_dir, f"torchprof-{os.getpid()}-{n}.txt")
             with open(path, "w") as f:
-                f.write(f"images {len(grids)} patches {sum(t * h * w for t, h, w in grids)} "
-                        f"grids {grids}\n")
-                f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+                f.write(
+                    f"images {len(grids)} patches {sum(t * h * w for t, h, w in grids)} "
+                    f"grids {grids}\n"
+                )
+                f.write(
+                    prof.key_averages().table(
+                        sort_by="self_cpu_time_total", row_limit=30
+                    )
+                )
         rec = {
-            "call": n, "t": w0, "images": len(grids),
+            "call": n,
+            "t": w0,
+            "images": len(grids),
             "patches": sum(t * h * w for t, h, w in grids),
             "image_patches": [t * h * w for t, h, w in grids],
-            "wall_s": w1 - w0, "thread_cpu_s": t1 - t0, "process_cpu_s": p1 - p0,
+            "wall_s": w1 - w0,
+            "thread_cpu_s": t1 - t0,
+            "process_cpu_s": p1 - p0,
             "threads": torch.get_num_threads(),
         }
         with open(os.path.join(out_dir, f"calls-{os.getpid()}.jsonl"), "a") as f:
@@ -86,11 +102,17 @@ def _wrap(forward, out_dir):
 def _patch(module):
     out_dir = os.environ.get(_DIR_ENV)
     cls = getattr(module, _CLASS, None)
-    if not out_dir or cls is None or getattr(cls.forward, "__fork_vit_profile__", False):
+    if (
+        not out_dir
+        or cls is None
+        or getattr(cls.forward, "__fork_vit_profile__", False)
+    ):
         return
     os.makedirs(out_dir, exist_ok=True)
     cls.forward = _wrap(cls.forward, out_dir)
-    sys.stderr.write(f"[fork vit profile] pid {os.getpid()}: timing {_CLASS}.forward -> {out_dir}\n")
+    sys.stderr.write(
+        f"[fork vit profile] pid {os.getpid()}: timing {_CLASS}.forward -> {out_dir}\n"
+    )
 
 
 if os.environ.get(_DIR_ENV):

@@ -48,7 +48,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
 READY = "The server is fired up and ready to roll!"
 
 
@@ -85,8 +87,18 @@ def _gpu(update=None):
 def _series_on_path():
     """Whether the sglang this process imports has the series applied (series.py status)."""
     tree = os.path.dirname(os.path.dirname(importlib.util.find_spec("sglang").origin))
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "series.py"), "status",
-                          "--json", "--target", tree], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "series.py"),
+            "status",
+            "--json",
+            "--target",
+            tree,
+        ],
+        capture_output=True,
+        text=True,
+    )
     return bool(json.loads(out.stdout).get("applied"))
 
 
@@ -139,15 +151,24 @@ def main():
         sys.exit(1)
     g = _gpu()
     if g["in_use"] or time.time() < g["release_at"]:
-        print("torch.OutOfMemoryError: the previous server's memory is still in use", flush=True)
+        print(
+            "torch.OutOfMemoryError: the previous server's memory is still in use",
+            flush=True,
+        )
         sys.exit(1)
     _gpu({"in_use": True, "release_at": 0})
     caches = {}
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "AITER_JIT_DIR"):
         path = os.environ.get(var)
         if path:
-            caches[var] = {"path": path, "files_at_start": sorted(
-                os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)}
+            caches[var] = {
+                "path": path,
+                "files_at_start": sorted(
+                    os.path.relpath(os.path.join(d, f), path)
+                    for d, _, fs in os.walk(path)
+                    for f in fs
+                ),
+            }
             os.makedirs(path, exist_ok=True)
             with open(os.path.join(path, f"compiled-by-launch-{n}"), "w") as f:
                 f.write("stub")
@@ -162,8 +183,14 @@ def main():
         from sglang.srt.observability.vit_batch_metrics import ViTEncoderCallMetrics
 
         # The labels SGLang's scheduler metrics carry (scheduler_metric_labels()).
-        metrics = ViTEncoderCallMetrics({"model_name": args.model_path, "engine_type": "unified",
-                                         "tp_rank": 0, "pp_rank": 0})
+        metrics = ViTEncoderCallMetrics(
+            {
+                "model_name": args.model_path,
+                "engine_type": "unified",
+                "tp_rank": 0,
+                "pp_rank": 0,
+            }
+        )
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -197,19 +224,34 @@ def main():
                 self._send(args.stub_chat_status, json.dumps({"error": "stub says no"}))
                 return
             content = body["messages"][0]["content"]
-            k = sum(1 for c in content if isinstance(c, dict) and c.get("type") == "image_url") \
-                if isinstance(content, list) else 0
-            if k and not all(_decodable(c["image_url"]["url"]) for c in content
-                             if isinstance(c, dict) and c.get("type") == "image_url"):
+            k = (
+                sum(
+                    1
+                    for c in content
+                    if isinstance(c, dict) and c.get("type") == "image_url"
+                )
+                if isinstance(content, list)
+                else 0
+            )
+            if k and not all(
+                _decodable(c["image_url"]["url"])
+                for c in content
+                if isinstance(c, dict) and c.get("type") == "image_url"
+            ):
                 # as a real server does when its image loader fails
                 self._send(400, json.dumps({"error": "stub: cannot decode the image"}))
                 return
             if k and series:
-                sizes = [_patches(c["image_url"]["url"]) for c in content
-                         if isinstance(c, dict) and c.get("type") == "image_url"]
+                sizes = [
+                    _patches(c["image_url"]["url"])
+                    for c in content
+                    if isinstance(c, dict) and c.get("type") == "image_url"
+                ]
                 _, per_rank, _ = get_dp_encoder_lb_assignment(sizes, args.tp_size)
                 with lock:
-                    metrics.observe_call("batched", requests=1, images=k, patches=sum(sizes))
+                    metrics.observe_call(
+                        "batched", requests=1, images=k, patches=sum(sizes)
+                    )
                     for rank, count in enumerate(per_rank):
                         metrics.observe_rank_images(rank, count)
             out = int(body.get("max_completion_tokens") or 4)

@@ -41,7 +41,8 @@ import huggingface_hub  # noqa: E402
 import pytest  # noqa: E402
 
 pytestmark = pytest.mark.control(
-    reason="harness dry run: both trees are explicit --target folders, independent of the SGLang under test")
+    reason="harness dry run: both trees are explicit --target folders, independent of the SGLang under test"
+)
 
 import ab_image_burst as AB  # noqa: E402
 import bench_image_burst as B  # noqa: E402
@@ -53,7 +54,7 @@ STUB = os.path.join(HERE, "stub_gpu_server.py")
 REPO_ID = "fork-test/tiny-qwen3-vl"
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
-FAKE_SMI = r'''#!{python}
+FAKE_SMI = r"""#!{python}
 import json, os, sys, time
 path = os.path.join({state!r}, "gpu.json")
 g = json.load(open(path)) if os.path.exists(path) else {{"in_use": False, "release_at": 0}}
@@ -61,7 +62,7 @@ used = 70000 if g["in_use"] or time.time() < g["release_at"] else 300
 if sys.argv[1:] != ["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]:
     sys.exit("fake nvidia-smi: unexpected arguments %r" % sys.argv[1:])
 print("0, %d\n1, %d" % (used, used))
-'''
+"""
 
 WRAPPER = """#!/bin/sh
 if [ "$1" = "-m" ] && [ "$2" = "sglang.launch_server" ]; then
@@ -86,8 +87,12 @@ def gpu_box(tmp_path, monkeypatch):
     state.mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    _executable(bin_dir / "nvidia-smi", FAKE_SMI.format(python=sys.executable, state=str(state)))
-    python = _executable(tmp_path / "python", WRAPPER.format(python=sys.executable, stub=STUB))
+    _executable(
+        bin_dir / "nvidia-smi", FAKE_SMI.format(python=sys.executable, state=str(state))
+    )
+    python = _executable(
+        tmp_path / "python", WRAPPER.format(python=sys.executable, stub=STUB)
+    )
     model = make_tiny_model(str(tmp_path / "tiny-model"), check=False)
     cache = tmp_path / "hub"
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -100,8 +105,14 @@ def gpu_box(tmp_path, monkeypatch):
     def fake_snapshot_download(repo_id, revision=None, **kwargs):
         """The download: the pinned commit's snapshot, as huggingface_hub lays it out."""
         logs = sorted(p.name for p in out.glob("*.server.log")) if out.exists() else []
-        fetches.append({"repo_id": repo_id, "revision": revision, "server_logs_then": logs,
-                        "kwargs": kwargs})
+        fetches.append(
+            {
+                "repo_id": repo_id,
+                "revision": revision,
+                "server_logs_then": logs,
+                "kwargs": kwargs,
+            }
+        )
         snap = cache / f"models--{repo_id.replace('/', '--')}" / "snapshots" / revision
         shutil.copytree(model, snap, dirs_exist_ok=True)
         return str(snap)
@@ -110,31 +121,87 @@ def gpu_box(tmp_path, monkeypatch):
     return {"python": python, "out": out, "fetches": fetches, "state": state}
 
 
-def _argv(box, *server_flags, runs=2, warmup=0, bursts=1, ready_timeout=("--ready-timeout", "60")):
+def _argv(
+    box,
+    *server_flags,
+    runs=2,
+    warmup=0,
+    bursts=1,
+    ready_timeout=("--ready-timeout", "60"),
+):
     return [
-        "--runs", str(runs), "--bursts", str(bursts), "--num-prompts", "2", "--max-concurrency", "2",
-        "--image-resolution", "224x224", "--input-len", "32", "--output-len", "4",
-        "--warmup-text-prompts", str(warmup),
-        "--a-python", box["python"], "--a-target", pristine_tree(), "--a-label", "base",
-        "--b-python", box["python"], "--b-target", series_tree(), "--b-label", "series",
-        "--model-path", REPO_ID, "--out-dir", str(box["out"]),
-        *ready_timeout, "--gpu-release-timeout", "30",
-        "--", "--revision", SHA, "--tp-size", "2", *server_flags,
+        "--runs",
+        str(runs),
+        "--bursts",
+        str(bursts),
+        "--num-prompts",
+        "2",
+        "--max-concurrency",
+        "2",
+        "--image-resolution",
+        "224x224",
+        "--input-len",
+        "32",
+        "--output-len",
+        "4",
+        "--warmup-text-prompts",
+        str(warmup),
+        "--a-python",
+        box["python"],
+        "--a-target",
+        pristine_tree(),
+        "--a-label",
+        "base",
+        "--b-python",
+        box["python"],
+        "--b-target",
+        series_tree(),
+        "--b-label",
+        "series",
+        "--model-path",
+        REPO_ID,
+        "--out-dir",
+        str(box["out"]),
+        *ready_timeout,
+        "--gpu-release-timeout",
+        "30",
+        "--",
+        "--revision",
+        SHA,
+        "--tp-size",
+        "2",
+        *server_flags,
     ]
 
 
 def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, capsys):
-    argv = _argv(gpu_box, "--stub-fail-launch", "3", "--stub-token-delay", "0.05", bursts=2, ready_timeout=())
-    beside = ["--text-stream-concurrency", "2", "--text-stream-output-len", "3",
-              "--unseen-sizes", "64x96,96x64", "--memory"]
+    argv = _argv(
+        gpu_box,
+        "--stub-fail-launch",
+        "3",
+        "--stub-token-delay",
+        "0.05",
+        bursts=2,
+        ready_timeout=(),
+    )
+    beside = [
+        "--text-stream-concurrency",
+        "2",
+        "--text-stream-output-len",
+        "3",
+        "--unseen-sizes",
+        "64x96,96x64",
+        "--memory",
+    ]
     rc = AB.main(beside + argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1
     assert len(err) == 1 and "server exited with code 1" in err[0], err
 
     # Item 6: one untimed fetch of the pinned revision, before any server started.
-    assert [(f["repo_id"], f["revision"], f["server_logs_then"]) for f in gpu_box["fetches"]] \
-        == [(REPO_ID, SHA, [])]
+    assert [
+        (f["repo_id"], f["revision"], f["server_logs_then"]) for f in gpu_box["fetches"]
+    ] == [(REPO_ID, SHA, [])]
     ab = json.loads((gpu_box["out"] / "ab.json").read_text())
     assert ab["prefetch"]["fetched"] is True and ab["prefetch"]["revision"] == SHA
     assert ab["prefetch"]["local_dir"].endswith(os.path.join("snapshots", SHA))
@@ -142,14 +209,22 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
     # Item 4: the failed third launch kept both finished runs, atomically written.
     assert ab["complete"] is False and "exited with code 1" in ab["error"]
     assert [(r["run"], r["build"]) for r in ab["runs"]] == [(1, "base"), (1, "series")]
-    assert [p.name for p in gpu_box["out"].iterdir() if p.name.startswith(".ab.json")] == []
+    assert [
+        p.name for p in gpu_box["out"].iterdir() if p.name.startswith(".ab.json")
+    ] == []
     md = (gpu_box["out"] / "ab.md").read_text()
-    assert "| base | 1 |" in md and "| series | 1 |" in md and "INCOMPLETE: server exited" in md
+    assert (
+        "| base | 1 |" in md
+        and "| series | 1 |" in md
+        and "INCOMPLETE: server exited" in md
+    )
 
     # Item 1: every request completed, although only the pinned commit is cached.
     for r in ab["runs"]:
         res = r["result"]
-        assert [(b["stats"]["completed"], b["stats"]["failed"]) for b in res["bursts"]] == [(2, 0), (2, 0)]
+        assert [
+            (b["stats"]["completed"], b["stats"]["failed"]) for b in res["bursts"]
+        ] == [(2, 0), (2, 0)]
         cmd = res["bursts"][0]["command"]
         assert cmd[cmd.index("--tokenizer") + 1] == ab["prefetch"]["local_dir"]
 
@@ -168,7 +243,10 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
     assert base["images_per_rank"] is None and base["encoder"] is None
     assert series["images_per_rank"] == [2, 0]
     assert series["encoder"]["rank_images"] == {"0": 2, "1": 0}
-    assert series["encoder"]["calls_by_path"] == {"batched": 2} and series["encoder"]["images"] == 2
+    assert (
+        series["encoder"]["calls_by_path"] == {"batched": 2}
+        and series["encoder"]["images"] == 2
+    )
 
     # Burst 2 sends burst 1's images (the seed's protocol); hits = sent - encoded.
     b1, b2 = ab["runs"][1]["result"]["bursts"]
@@ -181,13 +259,18 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
     # Issue 19: every launch cold (its own empty Inductor and Triton folders,
     # which the server then filled), and the ready timeout: 1800 s for the
     # first launch, then 3x the slowest launch so far, at least 300 s.
-    seen = [json.loads((gpu_box["state"] / f"launch-{n}.json").read_text())["caches"] for n in (1, 2)]
+    seen = [
+        json.loads((gpu_box["state"] / f"launch-{n}.json").read_text())["caches"]
+        for n in (1, 2)
+    ]
     for var in AB.CACHE_VARS:
         assert seen[0][var]["path"] != seen[1][var]["path"]
         assert seen[0][var]["files_at_start"] == seen[1][var]["files_at_start"] == []
     for r, got in zip(ab["runs"], seen):
         assert r["caches"]["cold"] is True
-        assert {v: r["caches"]["env"][v] for v in AB.CACHE_VARS} == {v: got[v]["path"] for v in AB.CACHE_VARS}
+        assert {v: r["caches"]["env"][v] for v in AB.CACHE_VARS} == {
+            v: got[v]["path"] for v in AB.CACHE_VARS
+        }
         assert r["caches"]["files_after"] == {v: 1 for v in AB.CACHE_VARS}
     assert [r["ready_timeout_s"] for r in ab["runs"]] == [1800.0, 300.0]
     assert "- compile caches: 2 of 2 launches cold" in md
@@ -197,7 +280,11 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
         for burst in r["result"]["bursts"]:
             text = burst["stats"]["text_stream"]
             # A text-only stream ran beside every burst, 2 in flight, every request answered.
-            assert text["concurrency"] == 2 and text["completed"] >= 2 and text["failed"] == 0
+            assert (
+                text["concurrency"] == 2
+                and text["completed"] >= 2
+                and text["failed"] == 0
+            )
             assert text["p50_ttft_ms"] <= text["p99_ttft_ms"]
             # Beside the images: the requests sent within bench_serving's run (its duration + 2 s back
             # from its exit), a part of the stream (how many depends on how long the exit lagged).
@@ -205,14 +292,21 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
             assert abs(text["window_s"] - (duration + B.IMAGE_WINDOW_SLACK_S)) < 1e-6
             assert text["in_window"]["completed"] < text["completed"]
             # The fake nvidia-smi shows both GPUs held by the server during the burst.
-            assert burst["stats"]["memory"] == {"gpu_peak_used_mib": {"0": 70000.0, "1": 70000.0}}
+            assert burst["stats"]["memory"] == {
+                "gpu_peak_used_mib": {"0": 70000.0, "1": 70000.0}
+            }
         unseen = r["result"]["unseen_sizes"]
         assert [(u["height"], u["width"]) for u in unseen] == [(64, 96), (96, 64)]
         for u in unseen:
             assert u["first_ok"] and u["repeat_ok"]
             assert u["extra_ttft_ms"] == u["first_ttft_ms"] - u["repeat_ttft_ms"]
-            assert u["first_compiles"] == u["repeat_compiles"] == {}  # the stub compiles nothing
-    assert "Text-only stream beside the image bursts (2 concurrent requests, 3 output tokens" in md
+            assert (
+                u["first_compiles"] == u["repeat_compiles"] == {}
+            )  # the stub compiles nothing
+    assert (
+        "Text-only stream beside the image bursts (2 concurrent requests, 3 output tokens"
+        in md
+    )
     assert "| Build | Burst | Beside images: mean TTFT (ms) |" in md
     assert "| base | 64x96 |" in md and "| series | 96x64 |" in md
     assert "| series | 2 | 0: 70000; 1: 70000 |" in md
@@ -239,13 +333,17 @@ def test_throwaway_launches_come_first_untimed_cold_and_seed_the_ready_timeout(g
     ab = json.loads((out / "ab.json").read_text())
     assert ab["complete"] is True
     # One untimed launch a build, up and down with no request, before the timed runs.
-    assert [(t["run"], t["build"], t["result"], t["mixed"]) for t in ab["throwaway"]] == [
-        (None, "base", None, None), (None, "series", None, None)]
+    assert [
+        (t["run"], t["build"], t["result"], t["mixed"]) for t in ab["throwaway"]
+    ] == [(None, "base", None, None), (None, "series", None, None)]
     assert [(r["run"], r["build"]) for r in ab["runs"]] == [(1, "base"), (1, "series")]
     assert all(r["result"]["bursts"][0]["stats"]["completed"] == 2 for r in ab["runs"])
     assert sorted(p.name for p in out.glob("*.server.log")) == [
-        "run1-base.server.log", "run1-series.server.log",
-        "throwaway-base.server.log", "throwaway-series.server.log"]
+        "run1-base.server.log",
+        "run1-series.server.log",
+        "throwaway-base.server.log",
+        "throwaway-series.server.log",
+    ]
     # The first throwaway launch takes the first-launch timeout; every later one,
     # timed runs included, is derived from the launches before it.
     launches = ab["throwaway"] + ab["runs"]
@@ -254,12 +352,17 @@ def test_throwaway_launches_come_first_untimed_cold_and_seed_the_ready_timeout(g
         slowest = max(x["ready_s"] for x in launches[:i])
         assert r["ready_timeout_s"] == max(300.0, 3 * slowest)
     # Each of the four launches cold, with its own empty cache folders.
-    seen = [json.loads((gpu_box["state"] / f"launch-{n}.json").read_text())["caches"] for n in (1, 2, 3, 4)]
+    seen = [
+        json.loads((gpu_box["state"] / f"launch-{n}.json").read_text())["caches"]
+        for n in (1, 2, 3, 4)
+    ]
     for var in AB.CACHE_VARS:
         assert len({s[var]["path"] for s in seen}) == 4
         assert all(s[var]["files_at_start"] == [] for s in seen)
     md = (out / "ab.md").read_text()
     assert "- compile caches: 4 of 4 launches cold" in md
     first = ab["throwaway"]
-    assert (f"- untimed throwaway launches first: base {first[0]['ready_s']:.1f} s, "
-            f"series {first[1]['ready_s']:.1f} s") in md
+    assert (
+        f"- untimed throwaway launches first: base {first[0]['ready_s']:.1f} s, "
+        f"series {first[1]['ready_s']:.1f} s"
+    ) in md

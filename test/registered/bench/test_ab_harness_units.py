@@ -18,14 +18,15 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
-import huggingface_hub  # noqa: E402
-import pytest  # noqa: E402
-
 import ab_image_burst as AB  # noqa: E402
 import bench_image_burst as B  # noqa: E402
+import huggingface_hub  # noqa: E402
+import pytest  # noqa: E402
 from cpu_support.make_tiny_model import make_tiny_model  # noqa: E402
 
-pytestmark = pytest.mark.control(reason="the A/B harness's own launch-side pieces; no SGLang code under test")
+pytestmark = pytest.mark.control(
+    reason="the A/B harness's own launch-side pieces; no SGLang code under test"
+)
 
 SCRIPTS = os.path.dirname(os.path.abspath(AB.__file__))
 
@@ -60,7 +61,9 @@ def test_waits_until_memory_is_back_near_the_baseline(tmp_path, monkeypatch):
     state = _tool(tmp_path, monkeypatch, "nvidia-smi", "0, 512\n1, 400\n")
     tool, before, note = AB.gpu_memory_used()
     assert (tool, before, note) == ("nvidia-smi", {"0": 512.0, "1": 400.0}, "")
-    state.write_text("0, 71000\n1, 70500\n")  # the previous server still holds its memory
+    state.write_text(
+        "0, 71000\n1, 70500\n"
+    )  # the previous server still holds its memory
 
     def release():
         time.sleep(1.0)
@@ -87,10 +90,16 @@ def test_memory_never_released_fails_in_one_line_at_the_timeout(tmp_path, monkey
 
 
 def test_rocm_smi_json_is_read_in_mib(tmp_path, monkeypatch):
-    out = {"card0": {"VRAM Total Memory (B)": str(192 * 2**30),
-                     "VRAM Total Used Memory (B)": str(3 * 2**30)},
-           "card1": {"VRAM Total Memory (B)": str(192 * 2**30),
-                     "VRAM Total Used Memory (B)": str(2**29)}}
+    out = {
+        "card0": {
+            "VRAM Total Memory (B)": str(192 * 2**30),
+            "VRAM Total Used Memory (B)": str(3 * 2**30),
+        },
+        "card1": {
+            "VRAM Total Memory (B)": str(192 * 2**30),
+            "VRAM Total Used Memory (B)": str(2**29),
+        },
+    }
     _tool(tmp_path, monkeypatch, "rocm-smi", json.dumps(out))
     assert AB.gpu_memory_used() == ("rocm-smi", {"card0": 3072.0, "card1": 512.0}, "")
 
@@ -106,7 +115,10 @@ def test_only_the_visible_gpus_are_read(tmp_path, monkeypatch):
     tool, used, note = AB.gpu_memory_used()
     assert used == {} and "none of the GPUs CUDA_VISIBLE_DEVICES=7 names" in note
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    out = {f"card{i}": {"VRAM Total Used Memory (B)": str((i + 1) * 2**30)} for i in range(4)}
+    out = {
+        f"card{i}": {"VRAM Total Used Memory (B)": str((i + 1) * 2**30)}
+        for i in range(4)
+    }
     (tmp_path / "bin" / "nvidia-smi").unlink()
     _tool(tmp_path, monkeypatch, "rocm-smi", json.dumps(out))
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1,3")
@@ -135,7 +147,9 @@ def test_burst_time_limit_is_minutes_and_grows_with_the_burst():
 def test_a_hung_bench_serving_is_killed_at_its_limit(tmp_path):
     hung = [sys.executable, "-c", "import time; time.sleep(120)"]
     t0 = time.monotonic()
-    rec, rc, tail = B.run_bench_serving(hung, str(tmp_path / "o.jsonl"), str(tmp_path / "l.log"), 1.5)
+    rec, rc, tail = B.run_bench_serving(
+        hung, str(tmp_path / "o.jsonl"), str(tmp_path / "l.log"), 1.5
+    )
     assert time.monotonic() - t0 < 30
     assert rec is None and rc == 124 and "timed out after 2 s" in tail
     s = B.summarize_record(rec, 8, rc, tail)
@@ -145,7 +159,9 @@ def test_a_hung_bench_serving_is_killed_at_its_limit(tmp_path):
 # ---------------------------------------------------------------- item 6
 
 
-def test_prefetch_fetches_the_pinned_revision_once_and_records_it(tmp_path, monkeypatch):
+def test_prefetch_fetches_the_pinned_revision_once_and_records_it(
+    tmp_path, monkeypatch
+):
     calls = []
 
     def fetch(repo_id, revision=None, **kwargs):
@@ -156,17 +172,24 @@ def test_prefetch_fetches_the_pinned_revision_once_and_records_it(tmp_path, monk
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fetch)
     rev = "b5688f25491202978c19c4d036eef579f61bbe07"
     flags = ["--quantization", "quark", "--revision", rev, "--tp-size", "2"]
-    got = AB.prefetch_model("amd/GLM-5.3-Flash-Quark-MXFP4", AB.server_revision(flags),
-                            echo=lambda m: None)
+    got = AB.prefetch_model(
+        "amd/GLM-5.3-Flash-Quark-MXFP4", AB.server_revision(flags), echo=lambda m: None
+    )
     assert calls == [("amd/GLM-5.3-Flash-Quark-MXFP4", rev, {})]
     assert got["fetched"] is True and got["revision"] == rev and got["seconds"] >= 0.2
     assert got["local_dir"] == str(tmp_path / "snap")
-    assert AB.server_revision(["--revision=abc"]) == "abc" and AB.server_revision([]) is None
+    assert (
+        AB.server_revision(["--revision=abc"]) == "abc"
+        and AB.server_revision([]) is None
+    )
 
 
 def test_prefetch_of_a_local_folder_fetches_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(huggingface_hub, "snapshot_download",
-                        lambda *a, **k: pytest.fail("a local folder must not be fetched"))
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda *a, **k: pytest.fail("a local folder must not be fetched"),
+    )
     got = AB.prefetch_model(str(tmp_path), None)
     assert got["fetched"] is False and got["local_dir"] == str(tmp_path)
 
@@ -210,8 +233,13 @@ except B.BenchError as e:
 
 def _resolve(cache, repo, rev):
     env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
-    out = subprocess.run([sys.executable, "-c", _RESOLVE.format(scripts=SCRIPTS, repo=repo, rev=rev)],
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _RESOLVE.format(scripts=SCRIPTS, repo=repo, rev=rev)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     line = [x for x in out.stdout.splitlines() if x.startswith(("DIR", "ERR"))]
     assert line, out.stderr[-2000:]
     return line[0]
@@ -225,14 +253,22 @@ def test_pinned_snapshot_is_what_bench_serving_loads_offline(tmp_path):
     make_tiny_model(str(snap), check=False)
     assert _resolve(tmp_path / "hub", "org/tiny-vl", sha) == f"DIR {snap}"
     err = _resolve(tmp_path / "hub", "org/tiny-vl", None)
-    assert err.startswith("ERR org/tiny-vl at revision main is not in the local Hugging Face cache")
+    assert err.startswith(
+        "ERR org/tiny-vl at revision main is not in the local Hugging Face cache"
+    )
     assert B.local_model_dir(str(snap)) == str(snap)  # a folder is used as it is
     # What bench_serving does with it, offline (sglang.benchmark.utils.get_processor).
-    probe = ("from sglang.benchmark.utils import get_processor, get_tokenizer; import sys; "
-             "print(type(get_processor(sys.argv[1])).__name__, len(get_tokenizer(sys.argv[1])))")
-    out = subprocess.run([sys.executable, "-c", probe, str(snap)], capture_output=True, text=True,
-                         env=dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub")),
-                         timeout=300)
+    probe = (
+        "from sglang.benchmark.utils import get_processor, get_tokenizer; import sys; "
+        "print(type(get_processor(sys.argv[1])).__name__, len(get_tokenizer(sys.argv[1])))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(snap)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub")),
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[0] == "Qwen3VLProcessor"
 
@@ -244,23 +280,47 @@ def test_every_launch_gets_empty_caches_and_its_own_aiter_snapshot_copy(tmp_path
     jit = tmp_path / "aiter-jit"
     jit.mkdir()
     (jit / "module_prebuilt.so").write_text("shipped with the image")
-    args = AB.parse(["--model-path", "m", "--out-dir", str(tmp_path / "ab"), "--aiter-jit-dir", str(jit)])
+    args = AB.parse(
+        [
+            "--model-path",
+            "m",
+            "--out-dir",
+            str(tmp_path / "ab"),
+            "--aiter-jit-dir",
+            str(jit),
+        ]
+    )
     assert args.cache_root == str(tmp_path / "ab" / "caches")
-    snap = AB.snapshot_tree(str(jit), os.path.join(args.cache_root, "aiter-jit-snapshot"))
+    snap = AB.snapshot_tree(
+        str(jit), os.path.join(args.cache_root, "aiter-jit-snapshot")
+    )
     assert (snap["how"], snap["files"]) == ("hard links", 1)
     first = AB.fresh_caches(args, "run1-base")
-    assert first["cold"] is True and first["env"]["AITER_JIT_DIR"] == first["env"]["JIT_WORKSPACE_DIR"]
+    assert (
+        first["cold"] is True
+        and first["env"]["AITER_JIT_DIR"] == first["env"]["JIT_WORKSPACE_DIR"]
+    )
     # The first server compiles into its folders and builds an aiter module.
     for var in AB.CACHE_VARS:
         (tmp_path / first["env"][var] / "kernel").write_text("compiled")
-    (tmp_path / first["env"]["AITER_JIT_DIR"] / "module_built_at_runtime.so").write_text("built")
+    (
+        tmp_path / first["env"]["AITER_JIT_DIR"] / "module_built_at_runtime.so"
+    ).write_text("built")
     second = AB.fresh_caches(args, "run1-series")
     assert second["cold"] is True
-    assert {v: AB.count_files(second["env"][v]) for v in AB.CACHE_VARS} == {v: 0 for v in AB.CACHE_VARS}
+    assert {v: AB.count_files(second["env"][v]) for v in AB.CACHE_VARS} == {
+        v: 0 for v in AB.CACHE_VARS
+    }
     assert sorted(os.listdir(second["env"]["AITER_JIT_DIR"])) == ["module_prebuilt.so"]
-    assert os.stat(os.path.join(second["env"]["AITER_JIT_DIR"], "module_prebuilt.so")).st_ino \
+    assert (
+        os.stat(
+            os.path.join(second["env"]["AITER_JIT_DIR"], "module_prebuilt.so")
+        ).st_ino
         == os.stat(jit / "module_prebuilt.so").st_ino
-    assert sorted(os.listdir(jit)) == ["module_prebuilt.so"]  # the image's folder is untouched
+    )
+    assert sorted(os.listdir(jit)) == [
+        "module_prebuilt.so"
+    ]  # the image's folder is untouched
 
 
 def test_ready_timeout_is_a_few_times_the_slowest_launch():
@@ -269,7 +329,12 @@ def test_ready_timeout_is_a_few_times_the_slowest_launch():
     assert AB.ready_timeout_for(args, []) == 1800.0
     assert AB.ready_timeout_for(args, [40.0]) == 300.0
     assert AB.ready_timeout_for(args, [240.0, 231.0]) == 720.0
-    assert AB.ready_timeout_for(AB.parse(["--model-path", "m", "--ready-timeout", "90"]), [240.0]) == 90.0
+    assert (
+        AB.ready_timeout_for(
+            AB.parse(["--model-path", "m", "--ready-timeout", "90"]), [240.0]
+        )
+        == 90.0
+    )
 
 
 def test_prefetch_only_fetches_and_launches_nothing(tmp_path, monkeypatch):
@@ -281,10 +346,24 @@ def test_prefetch_only_fetches_and_launches_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fetch)
     out = tmp_path / "ab"
-    rc = AB.main(["--prefetch-only", "--model-path", "org/model", "--out-dir", str(out),
-                  "--", "--revision", "abc123", "--tp-size", "2"])
+    rc = AB.main(
+        [
+            "--prefetch-only",
+            "--model-path",
+            "org/model",
+            "--out-dir",
+            str(out),
+            "--",
+            "--revision",
+            "abc123",
+            "--tp-size",
+            "2",
+        ]
+    )
     assert rc == 0 and calls == [("org/model", "abc123")]
-    assert json.loads((out / "prefetch.json").read_text())["local_dir"] == str(tmp_path / "snap")
+    assert json.loads((out / "prefetch.json").read_text())["local_dir"] == str(
+        tmp_path / "snap"
+    )
     assert sorted(p.name for p in out.iterdir()) == ["prefetch.json"]
 
 

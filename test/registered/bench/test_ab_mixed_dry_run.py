@@ -13,33 +13,73 @@ register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
 
-import pytest  # noqa: E402
-
 import ab_image_burst as AB  # noqa: E402
+import pytest  # noqa: E402
 from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
 from test_ab_dry_run import REPO_ID, SHA, gpu_box  # noqa: E402,F401  (the fixture)
 
 pytestmark = pytest.mark.control(
-    reason="harness dry run: both trees are explicit --target folders, independent of the SGLang under test")
+    reason="harness dry run: both trees are explicit --target folders, independent of the SGLang under test"
+)
 
 
 def test_mixed_ab_on_the_gpu_path(gpu_box, capsys):  # noqa: F811
     argv = [
-        "--runs", "2", "--mixed", "--mixed-bursts", "3", "--mixed-warmup-bursts", "1",
-        "--mixed-burst-size", "4", "--mixed-repeats", "1", "--mixed-bad", "1",
-        "--mixed-min-size", "32x32", "--mixed-max-size", "96x128", "--mixed-output-len", "3",
-        "--a-python", gpu_box["python"], "--a-target", pristine_tree(), "--a-label", "base",
-        "--b-python", gpu_box["python"], "--b-target", series_tree(), "--b-label", "series",
-        "--model-path", REPO_ID, "--out-dir", str(gpu_box["out"]),
-        "--ready-timeout", "60", "--gpu-release-timeout", "30",
-        "--", "--revision", SHA, "--tp-size", "2",
+        "--runs",
+        "2",
+        "--mixed",
+        "--mixed-bursts",
+        "3",
+        "--mixed-warmup-bursts",
+        "1",
+        "--mixed-burst-size",
+        "4",
+        "--mixed-repeats",
+        "1",
+        "--mixed-bad",
+        "1",
+        "--mixed-min-size",
+        "32x32",
+        "--mixed-max-size",
+        "96x128",
+        "--mixed-output-len",
+        "3",
+        "--a-python",
+        gpu_box["python"],
+        "--a-target",
+        pristine_tree(),
+        "--a-label",
+        "base",
+        "--b-python",
+        gpu_box["python"],
+        "--b-target",
+        series_tree(),
+        "--b-label",
+        "series",
+        "--model-path",
+        REPO_ID,
+        "--out-dir",
+        str(gpu_box["out"]),
+        "--ready-timeout",
+        "60",
+        "--gpu-release-timeout",
+        "30",
+        "--",
+        "--revision",
+        SHA,
+        "--tp-size",
+        "2",
     ]
     rc = AB.main(argv)
     assert rc == 0, capsys.readouterr().err
     ab = json.loads((gpu_box["out"] / "ab.json").read_text())
     assert ab["complete"] is True
-    assert [(r["run"], r["build"]) for r in ab["runs"]] == [(1, "base"), (1, "series"),
-                                                             (2, "base"), (2, "series")]
+    assert [(r["run"], r["build"]) for r in ab["runs"]] == [
+        (1, "base"),
+        (1, "series"),
+        (2, "base"),
+        (2, "series"),
+    ]
     for r in ab["runs"]:
         st = r["mixed"]["stats"]
         # every good request served, every bad one refused by the server
@@ -53,7 +93,9 @@ def test_mixed_ab_on_the_gpu_path(gpu_box, capsys):  # noqa: F811
     # the series' /metrics count only the good requests' images (4 per burst)
     base, series = ab["runs"][0]["mixed"]["stats"], ab["runs"][1]["mixed"]["stats"]
     assert base["encoder"] is None
-    assert series["encoder"]["images"] == 12 and series["encoder"]["calls_by_path"] == {"batched": 12}
+    assert series["encoder"]["images"] == 12 and series["encoder"]["calls_by_path"] == {
+        "batched": 12
+    }
     # every rank records its share of every call, the lone image of a call on rank 0
     assert series["encoder"]["rank_images"] == {"0": 12, "1": 0}
     assert all(r["caches"]["cold"] for r in ab["runs"])

@@ -11,17 +11,30 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
-import pytest  # noqa: E402
-
 import ab_image_burst as AB  # noqa: E402
+import pytest  # noqa: E402
 from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
 
-pytestmark = pytest.mark.control(reason="the A/B harness's own check of its trees; no SGLang code under test")
+pytestmark = pytest.mark.control(
+    reason="the A/B harness's own check of its trees; no SGLang code under test"
+)
 
 
 def _argv(tmp_path, base, *extra):
-    return ["--model-path", "org/model", "--a-target", base, "--b-target", series_tree(),
-            "--out-dir", str(tmp_path / "ab"), *extra, "--", "--tp-size", "2"]
+    return [
+        "--model-path",
+        "org/model",
+        "--a-target",
+        base,
+        "--b-target",
+        series_tree(),
+        "--out-dir",
+        str(tmp_path / "ab"),
+        *extra,
+        "--",
+        "--tp-size",
+        "2",
+    ]
 
 
 def test_a_patched_base_is_refused_in_one_line(tmp_path, capsys):
@@ -29,15 +42,22 @@ def test_a_patched_base_is_refused_in_one_line(tmp_path, capsys):
     rc = AB.main(_argv(tmp_path, patched))
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err
-    assert err[0].startswith(f"ab_image_burst: build A (the base) {patched} carries the series")
+    assert err[0].startswith(
+        f"ab_image_burst: build A (the base) {patched} carries the series"
+    )
     assert f"series.py status --target {patched}: applied, series " in err[0]
     assert err[0].endswith("or pass --allow-patched-base")
     assert not (tmp_path / "ab").exists()  # nothing launched, nothing written
 
 
 def test_allow_patched_base_and_a_pristine_base(tmp_path):
-    allowed = AB.describe_builds(AB.parse(_argv(tmp_path, series_tree(), "--allow-patched-base")))
+    allowed = AB.describe_builds(
+        AB.parse(_argv(tmp_path, series_tree(), "--allow-patched-base"))
+    )
     assert [b["series_status"]["applied"] for b in allowed] == [True, True]
     builds = AB.describe_builds(AB.parse(_argv(tmp_path, pristine_tree())))
     assert [b["series_status"]["applied"] for b in builds] == [False, True]
-    assert builds[0]["series_hash"] == "none (pristine)" and builds[0]["tree"] == pristine_tree()
+    assert (
+        builds[0]["series_hash"] == "none (pristine)"
+        and builds[0]["tree"] == pristine_tree()
+    )

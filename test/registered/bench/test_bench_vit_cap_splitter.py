@@ -16,9 +16,8 @@ import random
 import sys
 import types
 
-import pytest
-
 import bench_vit_cap as B
+import pytest
 
 SPLITTER_MODULE = "sglang.srt.multimodal.vit_batching"
 
@@ -36,8 +35,10 @@ def test_splitter_only_prints_the_three_rows_with_equal_calls(capsys):
     assert all(ln.rstrip(" |").endswith("yes") for ln in table)
 
 
-@pytest.mark.control(reason="harness: the bench stops when a splitter disagrees with its reference "
-                            "(a stand-in splitter, whatever the build)")
+@pytest.mark.control(
+    reason="harness: the bench stops when a splitter disagrees with its reference "
+    "(a stand-in splitter, whatever the build)"
+)
 def test_a_splitter_that_disagrees_stops_the_bench(monkeypatch, capsys):
     # The balancer's module first (with the series it imports the splitter's
     # module), as the bench imports it, then the stand-in.
@@ -47,15 +48,22 @@ def test_a_splitter_that_disagrees_stops_the_bench(monkeypatch, capsys):
         return [[i] for i in range(len(patches))]
 
     # Where the bench imports the series' splitter from (it imports it when it runs).
-    monkeypatch.setitem(sys.modules, SPLITTER_MODULE,
-                        types.SimpleNamespace(encoder_call_groups=one_image_per_call))
+    monkeypatch.setitem(
+        sys.modules,
+        SPLITTER_MODULE,
+        types.SimpleNamespace(encoder_call_groups=one_image_per_call),
+    )
     with pytest.raises(SystemExit, match="disagree"):
         B.main(["--splitter-only"])
     assert "| NO |" in capsys.readouterr().out
 
 
-@pytest.mark.control(reason="harness: the bench's pre-fix reference splitter (upstream's DP load balancer)")
-@pytest.mark.parametrize("n, patches, cap, ranks", [(64, 64, 1024, 2), (100, 16, 100, 1), (37, 64, 64, 4)])
+@pytest.mark.control(
+    reason="harness: the bench's pre-fix reference splitter (upstream's DP load balancer)"
+)
+@pytest.mark.parametrize(
+    "n, patches, cap, ranks", [(64, 64, 1024, 2), (100, 16, 100, 1), (37, 64, 64, 4)]
+)
 def test_prefix_reference_splits_uniform_images_into_full_calls(n, patches, cap, ranks):
     per_call = max(1, cap * ranks // patches) if ranks > 1 else max(1, cap // patches)
     groups = B.prefix_call_groups([patches] * n, cap, ranks)
@@ -71,8 +79,10 @@ def test_encoder_call_groups_matches_the_prefix_reference_on_mixed_sizes():
     for _ in range(300):
         ranks = rng.choice([1, 2, 3, 4])
         cap = rng.randint(1, 3000)
-        sizes = [rng.choice([1, 16, 64, 256, 1024, rng.randint(1, 2000)])
-                 for _ in range(rng.randint(1, 40))]
-        assert vit_batching.encoder_call_groups(sizes, cap, ranks) == B.prefix_call_groups(
+        sizes = [
+            rng.choice([1, 16, 64, 256, 1024, rng.randint(1, 2000)])
+            for _ in range(rng.randint(1, 40))
+        ]
+        assert vit_batching.encoder_call_groups(
             sizes, cap, ranks
-        ), (sizes, cap, ranks)
+        ) == B.prefix_call_groups(sizes, cap, ranks), (sizes, cap, ranks)

@@ -13,12 +13,13 @@ register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
-import pytest  # noqa: E402
-
 import ab_image_burst as AB  # noqa: E402
 import bench_image_burst as B  # noqa: E402
+import pytest  # noqa: E402
 
-pytestmark = pytest.mark.control(reason="the harness's own measurements, against a stub server and a stub process")
+pytestmark = pytest.mark.control(
+    reason="the harness's own measurements, against a stub server and a stub process"
+)
 
 CHILD = r"""
 import sys, setproctitle
@@ -35,9 +36,15 @@ sys.stdin.readline()
 
 
 def test_scheduler_peak_rss_over_a_burst():
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, title], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-             for title in ("sglang::scheduler_TP0", "sglang::detokenizer")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, title],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for title in ("sglang::scheduler_TP0", "sglang::detokenizer")
+    ]
     try:
         for p in procs:
             assert p.stdout.readline().strip() == "up"
@@ -58,13 +65,20 @@ def test_scheduler_peak_rss_over_a_burst():
 
 
 def test_bad_options_are_refused():
-    for bad in (["--unseen-sizes", "64by96"], ["--text-stream-concurrency", "-1"], ["--b-extra-args", "'open"],
-                ["--mixed", "--memory"]):
+    for bad in (
+        ["--unseen-sizes", "64by96"],
+        ["--text-stream-concurrency", "-1"],
+        ["--b-extra-args", "'open"],
+        ["--mixed", "--memory"],
+    ):
         with pytest.raises(SystemExit) as e:
             AB.parse(["--model-path", "m", *bad])
         assert e.value.code == 2
 
 
 def test_the_image_window_reaches_back_from_bench_serving_exit():
-    assert B.image_window({"duration": 3.0}, now=100.0) == (100.0 - 3.0 - B.IMAGE_WINDOW_SLACK_S, 100.0)
+    assert B.image_window({"duration": 3.0}, now=100.0) == (
+        100.0 - 3.0 - B.IMAGE_WINDOW_SLACK_S,
+        100.0,
+    )
     assert B.image_window(None) is None and B.image_window({"duration": 0}) is None

@@ -12,11 +12,12 @@ register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
 import os  # noqa: E402
 
+import bench_image_burst as B  # noqa: E402
 import pytest  # noqa: E402
 
-import bench_image_burst as B  # noqa: E402
-
-pytestmark = pytest.mark.control(reason="parser of torch compile log lines, on frozen logs")
+pytestmark = pytest.mark.control(
+    reason="parser of torch compile log lines, on frozen logs"
+)
 
 FIX = os.path.join(os.path.dirname(__file__), "fixtures")
 
@@ -55,8 +56,10 @@ def test_parser_finds_no_compile_after_ready_in_the_frozen_series_log():
     lines = _lines("server_tp2_series_rocm_sim.log")
     ready = B.ready_line_index(lines)
     assert ready == 357  # 0-based; "fired up and ready to roll" is line 358
-    after = lines[ready + 1:]
-    assert B.parse_compile_events(after) == []  # the warm-up compiled everything before ready
+    after = lines[ready + 1 :]
+    assert (
+        B.parse_compile_events(after) == []
+    )  # the warm-up compiled everything before ready
 
 
 def test_ready_marker_missing():
@@ -78,7 +81,8 @@ def test_pristine_server_log_compile_after_ready_on_rank0():
     lines = _lines("server_tp2_pristine_rocm_sim.log")
     ready = B.ready_line_index(lines)
     assert ready == 340  # line 341
-    after = B.parse_compile_events(lines[ready + 1:], ready + 1)
+    after = B.parse_compile_events(lines[ready + 1 :], ready + 1)
     # l.357 "Recompiling function apply_rotary_pos_emb_native" + l.360 start tracing [0/1].
     assert [(e.rank, e.function, e.compile_id, e.line_no + 1) for e in after] == [
-        ("rank0", "apply_rotary_pos_emb_native", "0/1", 357)]
+        ("rank0", "apply_rotary_pos_emb_native", "0/1", 357)
+    ]

@@ -17,7 +17,9 @@ import pytest  # noqa: E402
 
 pytestmark = pytest.mark.control(reason="the demo terminal's output routing (harness)")
 
-DEMO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "demo")
+DEMO_DIR = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "demo"
+)
 
 NOISY = r"""
 import os, subprocess, sys, warnings
@@ -37,13 +39,28 @@ print("after the demo")
 
 def test_only_the_demo_lines_reach_the_terminal(tmp_path):
     log = tmp_path / "demo.log"
-    out = subprocess.run([sys.executable, "-c", NOISY.format(demo_dir=DEMO_DIR, log=str(log))],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", NOISY.format(demo_dir=DEMO_DIR, log=str(log))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["== progress ==", "| table | row |", "after the demo"]
+    assert out.stdout.splitlines() == [
+        "== progress ==",
+        "| table | row |",
+        "after the demo",
+    ]
     assert out.stderr == ""
     text = log.read_text()
-    for noise in ("a library's print", "a transformers-style warning", "NCCL WARN something",
-                  "child out", "child err", "raw fd 2 write", "[demo] == progress =="):
+    for noise in (
+        "a library's print",
+        "a transformers-style warning",
+        "NCCL WARN something",
+        "child out",
+        "child err",
+        "raw fd 2 write",
+        "[demo] == progress ==",
+    ):
         assert noise in text, noise
     assert "after the demo" not in text

@@ -7,10 +7,9 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
+import bench_image_burst as B  # noqa: E402
 import prometheus_client  # noqa: E402
 import pytest  # noqa: E402
-
-import bench_image_burst as B  # noqa: E402
 
 
 @pytest.fixture

@@ -4,21 +4,22 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
-import pytest  # noqa: E402
-
 import ab_image_burst as AB  # noqa: E402
 import bench_image_burst as B  # noqa: E402
+import pytest  # noqa: E402
 
-pytestmark = pytest.mark.control(reason="statistics and report plumbing of the burst harness")
+pytestmark = pytest.mark.control(
+    reason="statistics and report plumbing of the burst harness"
+)
 
 
 def test_burst_stats_counts_failures_and_uses_completed_only():
-    ttfts = [0.1, 0.2, 0.0, 0.4]          # seconds; the failed one has no TTFT
+    ttfts = [0.1, 0.2, 0.0, 0.4]  # seconds; the failed one has no TTFT
     errors = ["", "", "HTTP 500: boom", ""]
     out_lens = [8, 8, 0, 6]
     s = B.burst_stats(ttfts, errors, out_lens, duration_s=2.0, num_prompts=5)
     assert s["completed"] == 3
-    assert s["failed"] == 2                # one error + one request that never came back
+    assert s["failed"] == 2  # one error + one request that never came back
     assert s["mean_ttft_ms"] == pytest.approx((100 + 200 + 400) / 3)
     assert s["p50_ttft_ms"] == pytest.approx(200.0)
     # Linear between ranks (bench_serving's definition): 200 + 0.98 * (400 - 200).
@@ -30,7 +31,11 @@ def test_burst_stats_counts_failures_and_uses_completed_only():
 def test_burst_stats_all_failed_has_no_latency():
     s = B.burst_stats([0.0, 0.0], ["timeout", "timeout"], [0, 0], 3.0)
     assert (s["completed"], s["failed"]) == (0, 2)
-    assert s["mean_ttft_ms"] is None and s["p99_ttft_ms"] is None and s["output_tok_s"] is None
+    assert (
+        s["mean_ttft_ms"] is None
+        and s["p99_ttft_ms"] is None
+        and s["output_tok_s"] is None
+    )
 
 
 def test_burst_stats_rejects_ragged_lists():
@@ -52,10 +57,17 @@ def test_parse_resolution():
 
 
 def test_bench_serving_command_image_and_text():
-    cfg = B.BurstConfig(num_prompts=3, max_concurrency=2, image_resolution="224x224",
-                        input_len=10, output_len=4, seed=7)
-    img = B.bench_serving_command(base_url="http://h:1", model="m", tokenizer=None,
-                                  output_file="o.jsonl", cfg=cfg)
+    cfg = B.BurstConfig(
+        num_prompts=3,
+        max_concurrency=2,
+        image_resolution="224x224",
+        input_len=10,
+        output_len=4,
+        seed=7,
+    )
+    img = B.bench_serving_command(
+        base_url="http://h:1", model="m", tokenizer=None, output_file="o.jsonl", cfg=cfg
+    )
     assert img[1:3] == ["-m", "sglang.bench_serving"]
     flags = dict(zip(img[3::2], img[4::2]))
     assert img[img.index("--dataset-name") + 1] == "image"
@@ -64,8 +76,14 @@ def test_bench_serving_command_image_and_text():
     assert img[img.index("--seed") + 1] == "7"
     assert img[img.index("--warmup-requests") + 1] == "0"
     assert "--output-details" in img and flags["--backend"] == "sglang-oai-chat"
-    txt = B.bench_serving_command(base_url="http://h:1", model="m", tokenizer="t",
-                                  output_file="o.jsonl", cfg=cfg, text_only=True)
+    txt = B.bench_serving_command(
+        base_url="http://h:1",
+        model="m",
+        tokenizer="t",
+        output_file="o.jsonl",
+        cfg=cfg,
+        text_only=True,
+    )
     assert txt[txt.index("--dataset-name") + 1] == "random-ids"
     assert "--image-resolution" not in txt
     assert txt[txt.index("--tokenizer") + 1] == "t"
@@ -77,9 +95,15 @@ def _run(build, bursts):
 
 def _stats(mean, p99, tok, failed=0, images=None, compiles=()):
     compiles = {} if compiles == () else compiles
-    return {"completed": 8 - failed, "failed": failed, "mean_ttft_ms": mean,
-            "p99_ttft_ms": p99, "output_tok_s": tok, "images_per_rank": images,
-            "compiles_per_rank": compiles}
+    return {
+        "completed": 8 - failed,
+        "failed": failed,
+        "mean_ttft_ms": mean,
+        "p99_ttft_ms": p99,
+        "output_tok_s": tok,
+        "images_per_rank": images,
+        "compiles_per_rank": compiles,
+    }
 
 
 def test_ab_aggregate_medians_and_spread():
@@ -92,7 +116,11 @@ def test_ab_aggregate_medians_and_spread():
     ]
     rows = AB.aggregate(runs, ["base", "series"])
     assert [(r["build"], r["burst"]) for r in rows] == [
-        ("base", 1), ("base", 2), ("series", 1), ("series", 2)]
+        ("base", 1),
+        ("base", 2),
+        ("series", 1),
+        ("series", 2),
+    ]
     b1 = rows[0]
     assert b1["runs"] == 3 and b1["failed"] == 1 and b1["completed"] == 23
     assert b1["mean_ttft_ms"] == {"median": 200, "min": 100, "max": 300, "n": 3}
@@ -102,7 +130,10 @@ def test_ab_aggregate_medians_and_spread():
     s1 = rows[2]
     assert s1["mean_ttft_ms"] == {"median": 85.0, "min": 80, "max": 90, "n": 2}
     text = AB.table(rows, {"base": AB.spread([30.0, 32.0, 31.0])})
-    assert "| base | 1 | 200.0 (100.0–300.0) | 250.0 (150.0–350.0) | 8.0 (6.0–10.0) |" in text
+    assert (
+        "| base | 1 | 200.0 (100.0–300.0) | 250.0 (150.0–350.0) | 8.0 (6.0–10.0) |"
+        in text
+    )
     assert "| series | 2 | 41.0 (40.0–42.0) |" in text
     assert "23 / 1" in text
     assert "Launch to /health 200, base: 31.0 (30.0–32.0) s" in text
@@ -114,10 +145,19 @@ def test_ab_parse_rejects_bad_input(tmp_path):
     with pytest.raises(SystemExit):
         AB.parse(["--model-path", "m", "--a-target", str(tmp_path)])  # no sglang there
     with pytest.raises(SystemExit):
-        AB.parse(["--model-path", "m", "--simulate-rocm-gate"])       # a --cpu option
+        AB.parse(["--model-path", "m", "--simulate-rocm-gate"])  # a --cpu option
 
 
 def test_bench_main_bad_input_is_one_line(capsys):
-    rc = B.main(["--base-url", "http://127.0.0.1:1", "--model", "m", "--image-resolution", "big"])
+    rc = B.main(
+        [
+            "--base-url",
+            "http://127.0.0.1:1",
+            "--model",
+            "m",
+            "--image-resolution",
+            "big",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "HEIGHTxWIDTH" in err[0]

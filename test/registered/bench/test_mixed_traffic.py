@@ -7,17 +7,27 @@ register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 import base64  # noqa: E402
 import io  # noqa: E402
 
+import bench_image_burst as B  # noqa: E402
 import pytest  # noqa: E402
 from PIL import Image  # noqa: E402
 
-import bench_image_burst as B  # noqa: E402
-
-pytestmark = pytest.mark.control(reason="the mixed-traffic plan and its statistics (harness)")
+pytestmark = pytest.mark.control(
+    reason="the mixed-traffic plan and its statistics (harness)"
+)
 
 
 def _cfg(**kw):
-    base = dict(bursts=6, burst_size=8, repeats=2, bad=1, min_width=32, max_width=448,
-                min_height=32, max_height=320, seed=7)
+    base = dict(
+        bursts=6,
+        burst_size=8,
+        repeats=2,
+        bad=1,
+        min_width=32,
+        max_width=448,
+        min_height=32,
+        max_height=320,
+        seed=7,
+    )
     base.update(kw)
     return B.MixedConfig(**base)
 
@@ -54,7 +64,9 @@ def test_sizes_within_bounds_and_images_have_them():
     assert max(widths) - min(widths) > (cfg.max_width - cfg.min_width) // 2
     # the processor's floor can be asked for exactly
     tiny = B.mixed_plan(_cfg(min_width=32, max_width=32, min_height=32, max_height=32))
-    assert {(r.width, r.height) for b in tiny for r in b if r.kind != "bad"} == {(32, 32)}
+    assert {(r.width, r.height) for b in tiny for r in b if r.kind != "bad"} == {
+        (32, 32)
+    }
 
 
 def test_each_burst_has_fresh_repeats_and_one_bad():
@@ -76,7 +88,9 @@ def test_each_burst_has_fresh_repeats_and_one_bad():
 def test_repeats_carry_identical_bytes_of_an_earlier_image():
     plan = B.mixed_plan(_cfg())
     fresh_by_id = {r.image_id: r for b in plan for r in b if r.kind == "fresh"}
-    assert len({r.data_uri for r in fresh_by_id.values()}) == len(fresh_by_id)  # fresh = new bytes
+    assert len({r.data_uri for r in fresh_by_id.values()}) == len(
+        fresh_by_id
+    )  # fresh = new bytes
     for k, burst in enumerate(plan):
         for r in (x for x in burst if x.kind == "repeat"):
             src = fresh_by_id[r.image_id]
@@ -94,8 +108,17 @@ def test_bad_input_is_not_an_image():
         _decode(bad[0].data_uri).load()
 
 
-@pytest.mark.parametrize("kw", [dict(repeats=8), dict(repeats=-1), dict(bad=-1),
-                                dict(min_width=500), dict(min_height=0), dict(bursts=0)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(repeats=8),
+        dict(repeats=-1),
+        dict(bad=-1),
+        dict(min_width=500),
+        dict(min_height=0),
+        dict(bursts=0),
+    ],
+)
 def test_bad_configs_are_refused(kw):
     with pytest.raises(ValueError):
         B.mixed_plan(_cfg(**kw))
@@ -106,26 +129,51 @@ def test_stats_count_served_bursts_and_exclude_bad_requests():
         return {"burst": burst, "kind": kind, "success": ok, "ttft": ttft}
 
     records = [
-        rec(0, "fresh", True, 0.1), rec(0, "repeat", True, 0.3), rec(0, "bad", False, 0.0),
-        rec(1, "fresh", True, 0.2), rec(1, "fresh", False, 0.0), rec(1, "bad", True, 0.05),
+        rec(0, "fresh", True, 0.1),
+        rec(0, "repeat", True, 0.3),
+        rec(0, "bad", False, 0.0),
+        rec(1, "fresh", True, 0.2),
+        rec(1, "fresh", False, 0.0),
+        rec(1, "bad", True, 0.05),
     ]
     s = B.mixed_stats(records, wall_s=30.0, bursts=2)
-    assert s["bursts_served"] == 1             # burst 1 lost a good request
+    assert s["bursts_served"] == 1  # burst 1 lost a good request
     assert s["bursts_per_min"] == pytest.approx(2.0)
     assert (s["good_requests"], s["completed"], s["failed"]) == (4, 3, 1)
     assert s["requests_per_s"] == pytest.approx(3 / 30.0)
-    assert s["mean_ttft_ms"] == pytest.approx(200.0)  # the accepted bad one is not counted
+    assert s["mean_ttft_ms"] == pytest.approx(
+        200.0
+    )  # the accepted bad one is not counted
     assert s["bad_accepted"] == 1
     assert s["mean_ttft_ms_by_kind"]["repeat"] == pytest.approx(300.0)
 
 
 def test_cli_bounds_reach_the_config():
     p = B.build_parser()
-    args = p.parse_args(["--base-url", "http://x", "--model", "m", "--mixed",
-                         "--mixed-min-size", "40x50", "--mixed-max-size", "100x200",
-                         "--mixed-repeats", "3", "--seed", "5"])
+    args = p.parse_args(
+        [
+            "--base-url",
+            "http://x",
+            "--model",
+            "m",
+            "--mixed",
+            "--mixed-min-size",
+            "40x50",
+            "--mixed-max-size",
+            "100x200",
+            "--mixed-repeats",
+            "3",
+            "--seed",
+            "5",
+        ]
+    )
     cfg = B.mixed_config_from_args(args)
-    assert (cfg.min_height, cfg.min_width, cfg.max_height, cfg.max_width) == (40, 50, 100, 200)
+    assert (cfg.min_height, cfg.min_width, cfg.max_height, cfg.max_width) == (
+        40,
+        50,
+        100,
+        200,
+    )
     assert (cfg.repeats, cfg.seed) == (3, 5)
     args.mixed_repeats = 8
     with pytest.raises(B.BenchError):
@@ -136,18 +184,35 @@ def test_ab_mixed_rows_take_medians_per_build():
     import ab_image_burst as AB
 
     def run(build, bpm, rps, mean, p99, failed=0):
-        stats = {"bursts": 10, "bursts_served": 10 - failed, "bursts_per_min": bpm,
-                 "requests_per_s": rps, "mean_ttft_ms": mean, "p99_ttft_ms": p99,
-                 "failed": failed, "bad_requests": 10, "bad_accepted": 0, "encoder": None}
+        stats = {
+            "bursts": 10,
+            "bursts_served": 10 - failed,
+            "bursts_per_min": bpm,
+            "requests_per_s": rps,
+            "mean_ttft_ms": mean,
+            "p99_ttft_ms": p99,
+            "failed": failed,
+            "bad_requests": 10,
+            "bad_accepted": 0,
+            "encoder": None,
+        }
         return {"build": build, "mixed": {"stats": stats}, "loadavg": [1.0, 2.0]}
 
-    runs = [run("base", 100, 10, 300, 900), run("series", 120, 12, 250, 700),
-            run("base", 90, 9, 320, 950), run("series", 130, 13, 240, 650, failed=1),
-            run("base", 110, 11, 310, 990), run("series", 125, 12.5, 260, 720)]
+    runs = [
+        run("base", 100, 10, 300, 900),
+        run("series", 120, 12, 250, 700),
+        run("base", 90, 9, 320, 950),
+        run("series", 130, 13, 240, 650, failed=1),
+        run("base", 110, 11, 310, 990),
+        run("series", 125, 12.5, 260, 720),
+    ]
     rows = AB.aggregate_mixed(runs, ["base", "series"])
     assert [r["build"] for r in rows] == ["base", "series"]
     base, series = rows
-    assert base["bursts_per_min"]["median"] == 100 and series["bursts_per_min"]["median"] == 125
+    assert (
+        base["bursts_per_min"]["median"] == 100
+        and series["bursts_per_min"]["median"] == 125
+    )
     assert (base["p99_ttft_ms"]["min"], base["p99_ttft_ms"]["max"]) == (900, 990)
     assert series["failed"] == 1 and series["bursts_served"] == [10, 9, 10]
     text = AB.mixed_table(rows, {"base": None, "series": None})

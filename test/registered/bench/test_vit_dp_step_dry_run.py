@@ -20,9 +20,8 @@ register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 import json  # noqa: E402
 import logging  # noqa: E402
 
-import pytest  # noqa: E402
-
 import gpu_vit_dp_step as D  # noqa: E402
+import pytest  # noqa: E402
 
 BURST = "64x64:3,128x64:2"  # 5 requests: 16 and 32 patches, interleaved
 REPEATS = 1
@@ -55,11 +54,28 @@ def _restore_malloc_env(monkeypatch):
 def test_dry_run_per_request_vs_one_cross_request_call(tmp_path, monkeypatch):
     out = tmp_path / "new" / "dir"
     monkeypatch.setattr(D, "rank_main", observed_rank_main)
-    assert D.main(["--dry-run", "--repeats", str(REPEATS), "--burst", BURST, "--out", str(out)]) == 0
+    assert (
+        D.main(
+            [
+                "--dry-run",
+                "--repeats",
+                str(REPEATS),
+                "--burst",
+                BURST,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads((out / "vit_dp_step.json").read_text())
     grids = [tuple(g) for g in D.U.burst_grids(D.U.parse_burst(BURST))]
     sizes = [D.U.patches(g) for g in grids]
-    assert report["ranks"] == 2 and report["requests"] == 5 and report["patches"] == sum(sizes)
+    assert (
+        report["ranks"] == 2
+        and report["requests"] == 5
+        and report["patches"] == sum(sizes)
+    )
     paths = {p["path"]: p for p in report["paths"]}
 
     # Per request: 5 encoder calls of one image each; the DP runner gives a lone image to rank 0.
@@ -74,7 +90,9 @@ def test_dry_run_per_request_vs_one_cross_request_call(tmp_path, monkeypatch):
     _, counts, loads = get_dp_encoder_lb_assignment(sizes, 2)
     bat = paths["batched"]
     assert bat["encoder_calls"] == 1 and bat["tower_calls_per_rank"] == [1, 1]
-    assert bat["images_per_rank"] == list(counts) and bat["patches_per_rank"] == list(loads)
+    assert bat["images_per_rank"] == list(counts) and bat["patches_per_rank"] == list(
+        loads
+    )
     assert min(counts) > 0
 
     for p in report["paths"]:
@@ -88,16 +106,33 @@ def test_dry_run_per_request_vs_one_cross_request_call(tmp_path, monkeypatch):
     # unrelated one-image warm-up step, then each path's steps (the first,
     # the memory run, the warmed repeats).
     steps = 2 + REPEATS
-    warm = [f"ViT encoder call: path=batched requests=1 images=1 patches={D.U.patches((1, 4, 4))}"]
-    per_request = [f"ViT encoder call: path=per_request requests=1 images=1 patches={n}" for n in sizes]
-    batched = [f"ViT encoder call: path=batched requests=5 images=5 patches={sum(sizes)}"]
+    warm = [
+        f"ViT encoder call: path=batched requests=1 images=1 patches={D.U.patches((1, 4, 4))}"
+    ]
+    per_request = [
+        f"ViT encoder call: path=per_request requests=1 images=1 patches={n}"
+        for n in sizes
+    ]
+    batched = [
+        f"ViT encoder call: path=batched requests=5 images=5 patches={sum(sizes)}"
+    ]
     for rank, per_rank in enumerate(report["per_rank"]):
-        calls = [line.rsplit(" rank=", 1)[0] for line in per_rank["series_lines"]
-                 if line.startswith("ViT encoder call:")]
+        calls = [
+            line.rsplit(" rank=", 1)[0]
+            for line in per_rank["series_lines"]
+            if line.startswith("ViT encoder call:")
+        ]
         assert calls == warm + per_request * steps + batched * steps, (rank, calls)
-        shares = [line for line in per_rank["series_lines"] if line.startswith("ViT DP encoder:")]
+        shares = [
+            line
+            for line in per_rank["series_lines"]
+            if line.startswith("ViT DP encoder:")
+        ]
         # The batched steps' shares: each rank's, as the balancer assigned them.
-        assert shares[-steps:] == [f"ViT DP encoder: rank={rank} images={counts[rank]}"] * steps, shares
+        assert (
+            shares[-steps:]
+            == [f"ViT DP encoder: rank={rank} images={counts[rank]}"] * steps
+        ), shares
 
 
 @pytest.mark.control(reason="argument check of the script")
@@ -105,4 +140,6 @@ def test_outside_torchrun_without_dry_run_is_one_line(capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     assert D.main(["--repeats", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["gpu_vit_dp_step: run it under torchrun --nproc-per-node 2 (or --dry-run on the CPU)"]
+    assert err == [
+        "gpu_vit_dp_step: run it under torchrun --nproc-per-node 2 (or --dry-run on the CPU)"
+    ]

@@ -28,7 +28,9 @@ import pytest
 BURSTS, PROMPTS, IMAGES = 2, 2, 2
 # 224x224, patch 14, merge 2: a 16x16 patch grid, 64 image tokens.
 IMAGE_TOKENS = 64
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)
 FAULT_DIR = os.path.join(ROOT, "cpu_support", "fault_injection")
 FAULT_ENV = "FORK_FAULT_WARM_UP_CLEAN_UP_RANK"
 FAULT_RANK = 1
@@ -67,15 +69,40 @@ def shared_tp2_server(tmp_path_factory):
         old = os.environ.get("PYTHONPATH")
         mp.setenv("PYTHONPATH", os.pathsep.join([FAULT_DIR] + ([old] if old else [])))
         served = serve_and_burst(
-            model, work,
-            ["--bursts", str(BURSTS), "--seed-step", "1",
-             "--num-prompts", str(PROMPTS), "--max-concurrency", "1",
-             "--image-count", str(IMAGES), "--image-resolution", "224x224",
-             "--input-len", "16", "--output-len", "2", "--warmup-text-prompts", "1"],
-            timeout=1500, server_kwargs={"simulate_rocm_gate": True}, while_up=_while_up,
+            model,
+            work,
+            [
+                "--bursts",
+                str(BURSTS),
+                "--seed-step",
+                "1",
+                "--num-prompts",
+                str(PROMPTS),
+                "--max-concurrency",
+                "1",
+                "--image-count",
+                str(IMAGES),
+                "--image-resolution",
+                "224x224",
+                "--input-len",
+                "16",
+                "--output-len",
+                "2",
+                "--warmup-text-prompts",
+                "1",
+            ],
+            timeout=1500,
+            server_kwargs={"simulate_rocm_gate": True},
+            while_up=_while_up,
         )
     with open(served["srv"].log_path, errors="replace") as f:
         log = f.read()
     up = served["while_up"]
-    yield dict(served, log=log, metrics=up["metrics"], schedulers=up["schedulers"],
-               fault_rank=FAULT_RANK, workload=(BURSTS, PROMPTS, IMAGES, IMAGE_TOKENS))
+    yield dict(
+        served,
+        log=log,
+        metrics=up["metrics"],
+        schedulers=up["schedulers"],
+        fault_rank=FAULT_RANK,
+        workload=(BURSTS, PROMPTS, IMAGES, IMAGE_TOKENS),
+    )

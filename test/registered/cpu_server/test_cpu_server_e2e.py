@@ -20,10 +20,9 @@ register_cpu_ci(est_time=105, suite="stage-a-test-cpu")
 import json  # noqa: E402
 import re  # noqa: E402
 
+import bench_image_burst as B  # noqa: E402
 import psutil  # noqa: E402
 import pytest  # noqa: E402
-
-import bench_image_burst as B  # noqa: E402
 
 # The shared server's workload (conftest.py): bursts, requests a burst,
 # images a request, image tokens an image.
@@ -32,8 +31,10 @@ BURSTS, PROMPTS, IMAGES, IMAGE_TOKENS = 2, 2, 2, 64
 WARM_UP = re.compile(r"vision warm-up \(rank (\d+)\)")
 ROCM = "ROCm, DP encoder, attention-TP 2"
 # The ROCm simulation's report of the warm-up decision (one per scheduler process).
-SIM_WARM_UP = re.compile(r"\[fork demo ROCm gate simulation\] pid (\d+): "
-                         r"vision_warm_up_decision -> (True|False)")
+SIM_WARM_UP = re.compile(
+    r"\[fork demo ROCm gate simulation\] pid (\d+): "
+    r"vision_warm_up_decision -> (True|False)"
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -54,7 +55,9 @@ def _before_ready(served):
 
 
 @pytest.mark.slow
-@pytest.mark.control(reason="upstream behaviour the series keeps: the server answers every text and image request")
+@pytest.mark.control(
+    reason="upstream behaviour the series keeps: the server answers every text and image request"
+)
 def test_every_request_completed_with_tokens(shared_tp2_server):
     data = _data(shared_tp2_server)
     text = data["warmup"]["bench_serving"]
@@ -91,10 +94,14 @@ def test_each_request_was_one_batched_call_with_one_image_per_rank(shared_tp2_se
 
     for burst in _data(shared_tp2_server)["bursts"]:
         enc = burst["stats"]["encoder"]
-        assert enc is not None, "the series build exports sglang:mm_encoder_* with --enable-metrics"
+        assert (
+            enc is not None
+        ), "the series build exports sglang:mm_encoder_* with --enable-metrics"
         assert enc["images"] == PROMPTS * IMAGES
         assert enc["encoder_calls"] == PROMPTS
-        assert {k: v for k, v in enc["calls_by_path"].items() if v} == {"batched": PROMPTS}, enc
+        assert {k: v for k, v in enc["calls_by_path"].items() if v} == {
+            "batched": PROMPTS
+        }, enc
         assert enc["images_per_call_mean"] == IMAGES
         assert enc["images_per_call_max"] == IMAGES
         assert enc["rank_images"] == {"0": PROMPTS, "1": PROMPTS}, enc
@@ -116,8 +123,13 @@ def test_json_and_table_hold_the_run_numbers(shared_tp2_server):
         # Recompute from bench_serving's own file, written during the run.
         with open(shared_tp2_server["work"] / "bench" / f"burst{i}.jsonl") as f:
             raw = json.loads(f.readlines()[-1])
-        expected = B.burst_stats(raw["ttfts"], [e or "" for e in raw["errors"]],
-                                 raw["output_lens"], raw["duration"], num_prompts=PROMPTS)
+        expected = B.burst_stats(
+            raw["ttfts"],
+            [e or "" for e in raw["errors"]],
+            raw["output_lens"],
+            raw["duration"],
+            num_prompts=PROMPTS,
+        )
         s = burst["stats"]
         for key in ("completed", "failed", "output_tokens"):
             assert s[key] == expected[key]
@@ -129,10 +141,12 @@ def test_json_and_table_hold_the_run_numbers(shared_tp2_server):
         # Images per rank come from /metrics: one image per rank per request.
         assert s["images_per_rank"] == [PROMPTS, PROMPTS]
         assert s["images_per_rank"] == B.images_per_rank(s["encoder"])
-        row = (f"| {i} | {PROMPTS} | 0 | {s['mean_ttft_ms']:.1f} | {s['p50_ttft_ms']:.1f} | "
-               f"{s['p99_ttft_ms']:.1f} | {s['output_tok_s']:.1f} | "
-               f"{B.fmt_images(s['images_per_rank'])} | {' | '.join(B.fmt_encoder(s['encoder']))} | "
-               f"{B.fmt_compiles(s['compiles_per_rank'])} |")
+        row = (
+            f"| {i} | {PROMPTS} | 0 | {s['mean_ttft_ms']:.1f} | {s['p50_ttft_ms']:.1f} | "
+            f"{s['p99_ttft_ms']:.1f} | {s['output_tok_s']:.1f} | "
+            f"{B.fmt_images(s['images_per_rank'])} | {' | '.join(B.fmt_encoder(s['encoder']))} | "
+            f"{B.fmt_compiles(s['compiles_per_rank'])} |"
+        )
         assert row in md
     w = data["warmup"]["stats"]
     assert f"| text warm-up | 1 | 0 | {w['mean_ttft_ms']:.1f} |" in md
@@ -141,10 +155,15 @@ def test_json_and_table_hold_the_run_numbers(shared_tp2_server):
 
 
 @pytest.mark.slow
-@pytest.mark.control(reason="harness: the CPU server stops every process it started, whatever sglang it runs")
+@pytest.mark.control(
+    reason="harness: the CPU server stops every process it started, whatever sglang it runs"
+)
 def test_server_stopped_by_pid_without_leftovers(shared_tp2_server):
     assert shared_tp2_server["leftovers"] == []
     assert len(shared_tp2_server["pids"]) >= 3  # launcher, schedulers, detokenizer...
-    alive = [p for p in shared_tp2_server["pids"] if psutil.pid_exists(p)
-             and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    alive = [
+        p
+        for p in shared_tp2_server["pids"]
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
     assert alive == []

@@ -30,7 +30,9 @@ import pytest  # noqa: E402
 FAULT_RANK, PROMPTS, IMAGES = 1, 2, 2
 
 WARMED = re.compile(r"vision warm-up \(rank (\d+)\): grids ")
-INJECTED = re.compile(r"\[fork fault injection\] pid \d+: rank (\d+) vision warm-up clean-up raises")
+INJECTED = re.compile(
+    r"\[fork fault injection\] pid \d+: rank (\d+) vision warm-up clean-up raises"
+)
 FAILED = re.compile(
     r"vision warm-up clean-up failed on rank (\d+) \(Qwen2_5_VLForConditionalGeneration\): "
     r"RuntimeError: device fault while freeing \(injected by the fork's fault test\); "
@@ -86,7 +88,9 @@ def test_after_the_fault_the_gate_batches_and_every_request_answers(shared_tp2_s
         assert all(e in ("", None) for e in rec["errors"])
         enc = burst["stats"]["encoder"]
         assert enc is not None, "no sglang:mm_encoder_* series in /metrics"
-        assert {k: v for k, v in enc["calls_by_path"].items() if v} == {"batched": PROMPTS}, enc
+        assert {k: v for k, v in enc["calls_by_path"].items() if v} == {
+            "batched": PROMPTS
+        }, enc
         assert sum(enc["rank_images"].values()) == PROMPTS * IMAGES
         assert sorted(enc["rank_images"]) == ["0", "1"], enc
         assert all(v >= 1 for v in enc["rank_images"].values()), enc
@@ -97,7 +101,9 @@ def test_both_scheduler_processes_live_on(shared_tp2_server):
     # Both scheduler processes (one per TP rank), alive after the bursts, are
     # the ones that were up when /health first answered, rank 1's fault
     # notwithstanding.
-    assert [int(r) for r in INJECTED.findall(_before_ready(shared_tp2_server))] == [FAULT_RANK]
+    assert [int(r) for r in INJECTED.findall(_before_ready(shared_tp2_server))] == [
+        FAULT_RANK
+    ]
     after = shared_tp2_server["schedulers"]
     assert len(after) == 2, after
     assert set(after) <= set(shared_tp2_server["pids"])

@@ -21,9 +21,8 @@ register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 import json  # noqa: E402
 import re  # noqa: E402
 
-import pytest  # noqa: E402
-
 import bench_image_burst as B  # noqa: E402
+import pytest  # noqa: E402
 
 WARM_UP = re.compile(r"vision warm-up \(rank (\d+)\): grids (.*) in [\d.]+ s")
 
@@ -44,9 +43,14 @@ def test_every_rank_ran_the_qwen2_5_vl_plan_before_ready(shared_tp2_server):
     with open(srv.log_path, "rb") as f:
         before_ready = f.read(srv.log_bytes_at_ready).decode("utf-8", "replace")
     found = {int(m.group(1)): m.group(2) for m in WARM_UP.finditer(before_ready)}
-    assert sorted(found) == [0, 1], "vision warm-up lines missing before /health was ready"
+    assert sorted(found) == [
+        0,
+        1,
+    ], "vision warm-up lines missing before /health was ready"
     # Each rank ran the Qwen2.5-VL plan (two grids, rotary-only compile).
-    assert all(g.split() == ["[[1,32,32]]", "[[1,48,64]]"] for g in found.values()), found
+    assert all(
+        g.split() == ["[[1,32,32]]", "[[1,48,64]]"] for g in found.values()
+    ), found
 
 
 @pytest.mark.slow
@@ -59,7 +63,9 @@ def test_no_dynamo_compile_after_ready(shared_tp2_server):
         assert all(v >= 1 for v in enc["rank_images"].values()), enc
     counted = data["server_log"]
     assert counted["ready_marker_seen"]
-    assert counted["compiles_after_ready_per_rank"] == {}, counted["compile_events_after_ready"]
+    assert counted["compiles_after_ready_per_rank"] == {}, counted[
+        "compile_events_after_ready"
+    ]
     assert all(b["stats"]["compiles_per_rank"] == {} for b in data["bursts"])
     # The counter is alive: it sees the start-up compiles (the vision rotary
     # apply among them) on both ranks in the same log.
@@ -67,6 +73,8 @@ def test_no_dynamo_compile_after_ready(shared_tp2_server):
     ready = B.ready_line_index(lines)
     assert ready is not None
     before = B.parse_compile_events(lines[:ready])
-    assert {"rank0", "rank1"} <= set(B.compiles_per_rank(before)), B.compiles_per_rank(before)
+    assert {"rank0", "rank1"} <= set(B.compiles_per_rank(before)), B.compiles_per_rank(
+        before
+    )
     for rank in ("rank0", "rank1"):
         assert any("rotary" in e.function for e in before if e.rank == rank), before

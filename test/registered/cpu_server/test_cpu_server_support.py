@@ -18,7 +18,6 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
-
 from cpu_support import cpu_server as CS  # noqa: E402
 from cpu_support import make_tiny_model as MTM  # noqa: E402
 from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
@@ -26,7 +25,9 @@ from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
 ROOT = os.path.dirname(CS.HERE)
 
 
-@pytest.mark.control(reason="harness: the tiny Qwen3-VL model directory loads with transformers")
+@pytest.mark.control(
+    reason="harness: the tiny Qwen3-VL model directory loads with transformers"
+)
 def test_tiny_model_dir_loads_as_qwen3_vl(tmp_path):
     out = MTM.make_tiny_model(str(tmp_path / "m"), check=False)
     from transformers import AutoConfig, AutoProcessor
@@ -46,10 +47,19 @@ def test_tiny_model_dir_loads_as_qwen3_vl(tmp_path):
     text = "héllo wörld 🙂 <b>"
     assert tok.decode(tok(text).input_ids) == text
     prompt = tok.apply_chat_template(
-        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
-        tokenize=False, add_generation_prompt=True)
-    assert prompt == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>hi"
-                      "<|im_end|>\n<|im_start|>assistant\n")
+        [
+            {
+                "role": "user",
+                "content": [{"type": "image"}, {"type": "text", "text": "hi"}],
+            }
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert prompt == (
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>hi"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
     from PIL import Image
 
     enc = proc(text=[prompt], images=[Image.new("RGB", (224, 224))])
@@ -58,7 +68,9 @@ def test_tiny_model_dir_loads_as_qwen3_vl(tmp_path):
     assert list(enc["input_ids"][0]).count(ids["<|image_pad|>"]) == 49
 
 
-@pytest.mark.control(reason="harness: the tiny Qwen2.5-VL model directory loads with transformers")
+@pytest.mark.control(
+    reason="harness: the tiny Qwen2.5-VL model directory loads with transformers"
+)
 def test_tiny_qwen2_5_vl_dir_loads_as_its_processor(tmp_path):
     out = str(tmp_path / "q25")
     assert MTM.main(["--out", out, "--family", "qwen2_5_vl"]) == 0
@@ -75,10 +87,17 @@ def test_tiny_qwen2_5_vl_dir_loads_as_its_processor(tmp_path):
     assert ids["<|video_pad|>"] in set(proc.tokenizer.all_special_ids)
     # SGLang's Qwen2.5-VL runs its tower only on 1176-wide pixel rows.
     v = cfg.vision_config
-    assert v.in_channels * v.temporal_patch_size * v.patch_size ** 2 == 1176
+    assert v.in_channels * v.temporal_patch_size * v.patch_size**2 == 1176
     prompt = proc.tokenizer.apply_chat_template(
-        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}],
-        tokenize=False, add_generation_prompt=True)
+        [
+            {
+                "role": "user",
+                "content": [{"type": "image"}, {"type": "text", "text": "hi"}],
+            }
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     from PIL import Image
 
     enc = proc(text=[prompt], images=[Image.new("RGB", (224, 224))])
@@ -113,18 +132,32 @@ def test_omp_threads_bind():
 def test_server_command_and_env(tmp_path):
     cmd = CS.server_command("/m", port=1234, tp_size=2, dp_encoder=True, python="py")
     assert cmd[:3] == ["py", "-m", "sglang.launch_server"]
-    for flag in ("--load-format dummy", "--device cpu", "--attention-backend torch_native",
-                 "--mm-attention-backend sdpa", "--tp-size 2", "--port 1234"):
+    for flag in (
+        "--load-format dummy",
+        "--device cpu",
+        "--attention-backend torch_native",
+        "--mm-attention-backend sdpa",
+        "--tp-size 2",
+        "--port 1234",
+    ):
         assert flag in " ".join(cmd)
     assert cmd[-1] == "--mm-enable-dp-encoder"
     with pytest.raises(ValueError, match="tp_size >= 2"):
         CS.server_command("/m", port=1, tp_size=1, dp_encoder=True)
-    env = CS.server_env(tp_size=2, simulate_rocm_gate=True, python_path=["/tree"],
-                        base={"PYTHONPATH": "/old"})
+    env = CS.server_env(
+        tp_size=2,
+        simulate_rocm_gate=True,
+        python_path=["/tree"],
+        base={"PYTHONPATH": "/old"},
+    )
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert not os.path.exists(env["SGLANG_NCCL_SO_PATH"])
     assert "|" in env["SGLANG_CPU_OMP_THREADS_BIND"] or os.cpu_count() < 2
-    assert env["PYTHONPATH"].split(os.pathsep) == [CS.ROCM_GATE_SIM_DIR, "/tree", "/old"]
+    assert env["PYTHONPATH"].split(os.pathsep) == [
+        CS.ROCM_GATE_SIM_DIR,
+        "/tree",
+        "/old",
+    ]
     plain = CS.server_env(tp_size=1, base={CS.ROCM_GATE_SIM_ENV: "1"})
     assert CS.ROCM_GATE_SIM_ENV not in plain and "PYTHONPATH" not in plain
     with pytest.raises(ValueError, match="no config.json"):
@@ -170,35 +203,55 @@ def _probe(tree):
     one named, whatever sglang the test run itself imports (the pristine run's
     FORK_SGLANG_TREE would otherwise go first)."""
     base = {k: v for k, v in os.environ.items() if k != CS.SGLANG_TREE_ENV}
-    env = CS.server_env(tp_size=1, simulate_rocm_gate=True, python_path=[tree], base=base)
-    env.pop("SGLANG_USE_CPU_ENGINE")  # in-process probe: the generic branch (docs/cpu.md)
-    proc = subprocess.run([sys.executable, "-c", f"ROOT = {ROOT!r}\n" + _PROBE],
-                          env=env, capture_output=True, text=True, timeout=600)
+    env = CS.server_env(
+        tp_size=1, simulate_rocm_gate=True, python_path=[tree], base=base
+    )
+    env.pop(
+        "SGLANG_USE_CPU_ENGINE"
+    )  # in-process probe: the generic branch (docs/cpu.md)
+    proc = subprocess.run(
+        [sys.executable, "-c", f"ROOT = {ROOT!r}\n" + _PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     line = [x for x in proc.stdout.splitlines() if x.startswith("PROBE")]
     assert line, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = json.loads(line[0][5:])
-    assert out["sglang_file"].startswith(os.path.join(tree, "sglang") + os.sep), out["sglang_file"]
+    assert out["sglang_file"].startswith(os.path.join(tree, "sglang") + os.sep), out[
+        "sglang_file"
+    ]
     return out, proc.stderr
 
 
-@pytest.mark.control(reason="harness: the demo's ROCm simulation on the pristine build (the A/B's base)")
+@pytest.mark.control(
+    reason="harness: the demo's ROCm simulation on the pristine build (the A/B's base)"
+)
 def test_rocm_gate_hook_on_pristine_forces_the_per_request_branch():
     out, err = _probe(pristine_tree())
     assert out["has_gate"] is False
-    assert out["is_hip_global"] is True          # the inline `if _is_hip or ...` now takes it
+    assert out["is_hip_global"] is True  # the inline `if _is_hip or ...` now takes it
     assert out["platform_is_hip_after"] is False  # nothing else sees ROCm
     assert "pristine build: mm_schedule._is_hip = True" in err
 
 
-@pytest.mark.control(reason="harness: the demo's ROCm simulation on the series tree, "
-                             "which the probe imports whatever the build under test")
+@pytest.mark.control(
+    reason="harness: the demo's ROCm simulation on the series tree, "
+    "which the probe imports whatever the build under test"
+)
 def test_rocm_gate_hook_on_series_decides_like_rocm_only_inside_the_gate():
     out, err = _probe(series_tree())
     assert out["has_gate"] is True
     d = out["decisions"]
     # ROCm + DP encoder + attention-TP 2: batch, and warm up under the gate.
-    assert d["True"] == {"wrapped": True, "original": True, "helper": True,
-                         "warm_up": True, "warm_up_original": True}
+    assert d["True"] == {
+        "wrapped": True,
+        "original": True,
+        "helper": True,
+        "warm_up": True,
+        "warm_up_original": True,
+    }
     # ROCm without DP encoder: per-request, no warm-up.
     assert d["False"]["wrapped"] is False and d["False"]["helper"] is False
     assert d["False"]["warm_up"] is False

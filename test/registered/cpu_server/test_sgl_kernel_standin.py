@@ -15,11 +15,16 @@ import torch  # noqa: E402
 sgl_kernel = pytest.importorskip("sgl_kernel")
 
 if not getattr(sgl_kernel, "IS_FORK_CPU_STANDIN", False):  # pragma: no cover
-    pytest.skip("a real sgl_kernel is installed, not the fork's stand-in", allow_module_level=True)
+    pytest.skip(
+        "a real sgl_kernel is installed, not the fork's stand-in",
+        allow_module_level=True,
+    )
 
 ops = torch.ops.sgl_kernel
 
-pytestmark = pytest.mark.control(reason="harness: the CPU stand-in for sgl_kernel that the CPU server imports")
+pytestmark = pytest.mark.control(
+    reason="harness: the CPU stand-in for sgl_kernel that the CPU server imports"
+)
 
 
 def _rms(x, eps):
@@ -69,11 +74,14 @@ def test_fused_qk_gemma_rmsnorm_cpu_per_head_with_one_plus_weight():
     torch.testing.assert_close(ko, _rms(k.reshape(-1, head_dim), 1e-6) * (1 + kw))
 
 
-@pytest.mark.parametrize("name", [
-    "fused_qk_gemma_rmsnorm_with_gate_cpu",
-    "fused_qkvzba_split_reshape_cat_contiguous_cpu",
-    "fused_moe_router_cpu",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "fused_qk_gemma_rmsnorm_with_gate_cpu",
+        "fused_qkvzba_split_reshape_cat_contiguous_cpu",
+        "fused_moe_router_cpu",
+    ],
+)
 def test_named_only_ops_raise_naming_the_op(name):
     op = getattr(ops, name)
     t = torch.zeros(2, 4)
@@ -88,12 +96,21 @@ def test_named_only_ops_raise_naming_the_op(name):
 
 @pytest.mark.parametrize("name", sgl_kernel.MODULE_FUNCTIONS)
 def test_module_functions_raise_naming_the_op(name):
-    with pytest.raises(sgl_kernel.StandInKernelNotImplemented, match=f"sgl_kernel.{name} "):
+    with pytest.raises(
+        sgl_kernel.StandInKernelNotImplemented, match=f"sgl_kernel.{name} "
+    ):
         getattr(sgl_kernel, name)()
 
 
-@pytest.mark.parametrize("name", ["shm_allreduce", "fused_add_rmsnorm_cpu",
-                                  "decode_attention_cpu", "fused_experts_cpu"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "shm_allreduce",
+        "fused_add_rmsnorm_cpu",
+        "decode_attention_cpu",
+        "fused_experts_cpu",
+    ],
+)
 def test_other_ops_stay_absent(name):
     # SGLang picks its native-torch fallbacks only while these are missing.
     assert not hasattr(ops, name)

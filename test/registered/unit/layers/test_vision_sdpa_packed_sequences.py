@@ -37,7 +37,9 @@ from cpu_support.ranks import run_on_ranks  # noqa: E402
 HEADS = 4
 HEAD_DIM = 16
 REPO = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    )
 )
 
 
@@ -59,7 +61,9 @@ def _packed_qkv(lengths, seed, dtype=torch.float32):
     q, k, v = (
         torch.randn(total, HEADS, HEAD_DIM, generator=gen).to(dtype) for _ in range(3)
     )
-    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32)
+    cu = torch.tensor(
+        [0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int32
+    )
     return q, k, v, cu
 
 
@@ -75,7 +79,9 @@ def _block_diagonal_mask(cu, total):
 def _masked_reference(q, k, v, mask, scale=None, single_precision_softmax=False):
     """One attention call over the whole concatenation under ``mask``."""
     total = q.shape[0]
-    qh, kh, vh = (t.reshape(1, total, HEADS, HEAD_DIM).transpose(1, 2) for t in (q, k, v))
+    qh, kh, vh = (
+        t.reshape(1, total, HEADS, HEAD_DIM).transpose(1, 2) for t in (q, k, v)
+    )
     scale = scale if scale is not None else HEAD_DIM**-0.5
     if single_precision_softmax:
         weights = torch.matmul(qh, kh.transpose(-2, -1)) * scale
@@ -99,9 +105,13 @@ PACKINGS = {
 }
 
 
-@pytest.mark.control(reason="the per-image attention's equivalence to the masked call (pristine is the masked call)")
+@pytest.mark.control(
+    reason="the per-image attention's equivalence to the masked call (pristine is the masked call)"
+)
 @pytest.mark.parametrize("name", sorted(PACKINGS))
-@pytest.mark.parametrize("single_precision_softmax", [False, True], ids=["sdpa", "fp32-softmax"])
+@pytest.mark.parametrize(
+    "single_precision_softmax", [False, True], ids=["sdpa", "fp32-softmax"]
+)
 def test_matches_the_masked_call_within_fp32_rounding(name, single_precision_softmax):
     lengths = PACKINGS[name]
     q, k, v, cu = _packed_qkv(lengths, seed=len(name))
@@ -109,7 +119,10 @@ def test_matches_the_masked_call_within_fp32_rounding(name, single_precision_sof
     with torch.no_grad():
         out = attn(q, k, v, bsz=1, cu_seqlens=cu)
         ref = _masked_reference(
-            q, k, v, _block_diagonal_mask(cu, q.shape[0]),
+            q,
+            k,
+            v,
+            _block_diagonal_mask(cu, q.shape[0]),
             single_precision_softmax=single_precision_softmax,
         )
     assert out.shape == (q.shape[0], HEADS, HEAD_DIM)
@@ -120,9 +133,18 @@ def test_matches_the_masked_call_within_fp32_rounding(name, single_precision_sof
 # alone-equal under pristine's masked call too, so those cases could not fail.
 @pytest.mark.parametrize(
     "name,dtype",
-    [("several-sizes", torch.float32), ("many-equal", torch.float32),
-     ("interleaved-equal", torch.float32), ("several-sizes", torch.bfloat16)],
-    ids=["several-sizes-fp32", "many-equal-fp32", "interleaved-equal-fp32", "several-sizes-bf16"],
+    [
+        ("several-sizes", torch.float32),
+        ("many-equal", torch.float32),
+        ("interleaved-equal", torch.float32),
+        ("several-sizes", torch.bfloat16),
+    ],
+    ids=[
+        "several-sizes-fp32",
+        "many-equal-fp32",
+        "interleaved-equal-fp32",
+        "several-sizes-bf16",
+    ],
 )
 def test_each_sequence_is_bitwise_what_it_gives_alone(name, dtype):
     """Packing neighbours must not change a sequence's rows at all."""
@@ -134,7 +156,9 @@ def test_each_sequence_is_bitwise_what_it_gives_alone(name, dtype):
         bounds = cu.tolist()
         for start, end in zip(bounds[:-1], bounds[1:]):
             alone_cu = torch.tensor([0, end - start], dtype=torch.int32)
-            alone = attn(q[start:end], k[start:end], v[start:end], bsz=1, cu_seqlens=alone_cu)
+            alone = attn(
+                q[start:end], k[start:end], v[start:end], bsz=1, cu_seqlens=alone_cu
+            )
             assert torch.equal(packed[start:end], alone), (name, start, end)
 
 
@@ -156,7 +180,9 @@ def test_a_call_without_rows_gives_an_empty_output():
     assert out.shape == (0, HEADS, HEAD_DIM)
 
 
-@pytest.mark.control(reason="a path the patch leaves alone: cu_seqlens not covering the call stays masked")
+@pytest.mark.control(
+    reason="a path the patch leaves alone: cu_seqlens not covering the call stays masked"
+)
 def test_cu_seqlens_that_does_not_cover_the_call_keeps_the_masked_call():
     q, k, v, _ = _packed_qkv([40, 40], seed=4)
     cu = torch.tensor([0, 30, 60], dtype=torch.int32)  # rows 60..79 in no sequence
@@ -166,7 +192,9 @@ def test_cu_seqlens_that_does_not_cover_the_call_keeps_the_masked_call():
     torch.testing.assert_close(out, ref, equal_nan=True, rtol=0, atol=0)
 
 
-@pytest.mark.control(reason="a path the patch leaves alone: flatten_batch=False keeps its padding mask")
+@pytest.mark.control(
+    reason="a path the patch leaves alone: flatten_batch=False keeps its padding mask"
+)
 def test_flatten_batch_false_keeps_its_padding_mask():
     """Without flatten_batch, cu_seqlens gives per-row valid lengths of a padded batch."""
     bsz, s, valid = 3, 24, [24, 10, 17]
@@ -276,25 +304,39 @@ def _tower_worker(rank, world_size, init_method, grids):
             part = batched[rows : rows + emb.shape[0]]
             rows += emb.shape[0]
             per_image.append(
-                (bool(torch.equal(part, emb)), float((part.float() - emb.float()).abs().max()))
+                (
+                    bool(torch.equal(part, emb)),
+                    float((part.float() - emb.float()).abs().max()),
+                )
             )
-        report[str(dtype)] = dict(rows=rows, total=batched.shape[0], per_image=per_image)
+        report[str(dtype)] = dict(
+            rows=rows, total=batched.shape[0], per_image=per_image
+        )
     return report
 
 
 @pytest.fixture(scope="module")
 def tower_report():
     # One thread: keeps the BLAS's own threading out of the comparison.
-    return run_on_ranks(_tower_worker, 1, TOWER_GRIDS, timeout=400, threads_per_rank=1)[0]
+    return run_on_ranks(_tower_worker, 1, TOWER_GRIDS, timeout=400, threads_per_rank=1)[
+        0
+    ]
 
 
-@pytest.mark.parametrize("dtype", [
-    "torch.float32",
-    pytest.param("torch.bfloat16", marks=pytest.mark.control(
-        reason="bf16: the tiny tower's rows are bitwise the per-image ones on pristine too (bf16 "
-               "rounding hides the masked call's differences, which the fp32 case catches); "
-               "kept as the bf16 property the series must not break")),
-])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        "torch.float32",
+        pytest.param(
+            "torch.bfloat16",
+            marks=pytest.mark.control(
+                reason="bf16: the tiny tower's rows are bitwise the per-image ones on pristine too (bf16 "
+                "rounding hides the masked call's differences, which the fp32 case catches); "
+                "kept as the bf16 property the series must not break"
+            ),
+        ),
+    ],
+)
 def test_tower_batched_embeddings_are_bitwise_the_per_image_ones(tower_report, dtype):
     report = tower_report[dtype]
     assert report["rows"] == report["total"]

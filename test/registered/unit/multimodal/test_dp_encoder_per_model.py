@@ -139,8 +139,14 @@ def _step(encoder, requests, platform, gate_log, calls, towers=None, cap=None):
         if cap is not None:
             stack.enter_context(get_mm().override(mm_max_encoder_patches_per_call=cap))
         # run_prefill_embedding hands the scheduler ``model.get_image_feature``.
-        out = H.run_prefill_embedding(types.SimpleNamespace(get_image_feature=encoder), requests)
-    gate = [line for line in gate_log.lines[first:] if "cross-request ViT batching" in line[1]]
+        out = H.run_prefill_embedding(
+            types.SimpleNamespace(get_image_feature=encoder), requests
+        )
+    gate = [
+        line
+        for line in gate_log.lines[first:]
+        if "cross-request ViT batching" in line[1]
+    ]
     return {
         "calls": list(calls),
         "towers": list(towers) if towers is not None else None,
@@ -154,8 +160,9 @@ def _rank_worker(rank, world_size, init_method):
     from cpu_support import tiny_omni_muse as O
     from cpu_support import tiny_qwen3_vl as T
     from cpu_support.tiny_vl_family import build_tiny_family_model
-    from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
     from test_gate_real_non_dp_vlm import tiny_glm_image_config
+
+    from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
 
     series = _has_series()  # pristine SGLang runs only the upstream arms
     gate_log = H.capture_log("sglang.srt.multimodal.vit_batching")
@@ -168,44 +175,72 @@ def _rank_worker(rank, world_size, init_method):
     T.init_gloo(rank, world_size, init_method)
     internvl = G.build_tiny_internvl(seed=4)
     result[("built", "internvl")] = _built(
-        internvl, "use_data_parallel", internvl.vision_model.encoder.layers[0].mlp.fc1)
+        internvl, "use_data_parallel", internvl.vision_model.encoder.layers[0].mlp.fc1
+    )
     internvl.get_image_feature = H.encoder_spy(internvl, item_lengths(calls))
     handle = tower_inputs(internvl.vision_model.encoder, towers)
-    two = G.pixel_requests([[1], [1]], INTERNVL_TOKENS_PER_TILE, seed=5, key="per-model")
+    two = G.pixel_requests(
+        [[1], [1]], INTERNVL_TOKENS_PER_TILE, seed=5, key="per-model"
+    )
     for platform in platforms:
         result[("internvl", platform)] = _step(
-            internvl.get_image_feature, two, platform, gate_log, calls, towers)
+            internvl.get_image_feature, two, platform, gate_log, calls, towers
+        )
     with torch.no_grad():
         result["internvl_alone"] = H.reference_rows(internvl, two)
     if series:
         # The cap in tiles per rank, for three one-image requests of 2 tiles
         # and for images of 3 and 1 tiles (see the tests for the arithmetic).
-        three = G.pixel_requests([[2], [2], [2]], INTERNVL_TOKENS_PER_TILE, seed=6, key="cap")
-        uneven = G.pixel_requests([[3], [1]], INTERNVL_TOKENS_PER_TILE, seed=7, key="cap")
-        for name, requests, cap in (("three", three, 3), ("three", three, 2), ("uneven", uneven, 2)):
+        three = G.pixel_requests(
+            [[2], [2], [2]], INTERNVL_TOKENS_PER_TILE, seed=6, key="cap"
+        )
+        uneven = G.pixel_requests(
+            [[3], [1]], INTERNVL_TOKENS_PER_TILE, seed=7, key="cap"
+        )
+        for name, requests, cap in (
+            ("three", three, 3),
+            ("three", three, 2),
+            ("uneven", uneven, 2),
+        ):
             result[("internvl_cap", name, cap)] = _step(
-                internvl.get_image_feature, requests, "ROCm", gate_log, calls, towers, cap=cap)
-        result["internvl_units"] = _units(internvl, three[0].items[0], 2 * INTERNVL_TOKENS_PER_TILE)
+                internvl.get_image_feature,
+                requests,
+                "ROCm",
+                gate_log,
+                calls,
+                towers,
+                cap=cap,
+            )
+        result["internvl_units"] = _units(
+            internvl, three[0].items[0], 2 * INTERNVL_TOKENS_PER_TILE
+        )
     handle.remove()
 
     # --- Muse Spark: real tiny model, its own runner.
     G.publish_dp_encoder_server(O.tiny_muse_spark_config(), rank, world_size)
     muse = O.build_tiny_muse_spark(seed=8)
     result[("built", "muse")] = _built(
-        muse, "use_data_parallel_encoder", muse.model.vision_tower.layers[0].mlp.fc1)
+        muse, "use_data_parallel_encoder", muse.model.vision_tower.layers[0].mlp.fc1
+    )
     muse.get_image_feature = H.encoder_spy(muse, item_lengths(calls))
     handle = tower_inputs(muse.model.vision_tower, towers)
-    images = [one_item_request(O.muse_image_item(seed=90 + k, offset=H.TEXT_BEFORE), MUSE_TOKENS)
-              for k in range(3)]
+    images = [
+        one_item_request(
+            O.muse_image_item(seed=90 + k, offset=H.TEXT_BEFORE), MUSE_TOKENS
+        )
+        for k in range(3)
+    ]
     for platform in platforms:
         result[("muse", platform)] = _step(
-            muse.get_image_feature, images[:2], platform, gate_log, calls, towers)
+            muse.get_image_feature, images[:2], platform, gate_log, calls, towers
+        )
     with torch.no_grad():
         result["muse_alone"] = H.reference_rows(muse, images[:2])
     if series:
         # 16 patches an image, 16 patches a rank: two images per call.
         result["muse_cap16"] = _step(
-            muse.get_image_feature, images, "ROCm", gate_log, calls, towers, cap=16)
+            muse.get_image_feature, images, "ROCm", gate_log, calls, towers, cap=16
+        )
         result["muse_units"] = _units(muse, images[0].items[0], MUSE_TOKENS)
     handle.remove()
 
@@ -214,26 +249,35 @@ def _rank_worker(rank, world_size, init_method):
     G.publish_dp_encoder_server(config, rank, world_size)
     glm = build_tiny_family_model(config, GlmImageForConditionalGeneration)
     result[("built", "glm_image")] = _built(
-        glm, "use_data_parallel", glm.visual.blocks[0].mlp.linear_fc1)
+        glm, "use_data_parallel", glm.visual.blocks[0].mlp.linear_fc1
+    )
     two_qwen = [H.make_request([QWEN_GRID], seed=s) for s in (11, 12)]
     for platform in platforms:
         encoder = recording_encoder(glm, "get_image_feature", calls)
-        result[("glm_image", platform)] = _step(encoder, two_qwen, platform, gate_log, calls)
+        result[("glm_image", platform)] = _step(
+            encoder, two_qwen, platform, gate_log, calls
+        )
 
     # --- Qwen3-Omni thinker: built whole; TP vision encoder, TP audio tower.
     G.publish_dp_encoder_server(O.tiny_qwen3_omni_thinker_config(), rank, world_size)
     thinker = O.build_tiny_qwen3_omni_thinker(seed=9)
     result[("built", "thinker")] = _built(
-        thinker, "use_data_parallel", thinker.visual.blocks[0].mlp.linear_fc1)
+        thinker, "use_data_parallel", thinker.visual.blocks[0].mlp.linear_fc1
+    )
     for platform in platforms:
         encoder = recording_encoder(thinker, "get_image_feature", calls)
-        result[("thinker_image", platform)] = _step(encoder, two_qwen, platform, gate_log, calls)
+        result[("thinker_image", platform)] = _step(
+            encoder, two_qwen, platform, gate_log, calls
+        )
     thinker.get_audio_feature = _audio_spy(thinker, calls)
-    clips = [one_item_request(O.audio_item(seed=s, offset=H.TEXT_BEFORE), AUDIO_TOKENS)
-             for s in (21, 22)]
+    clips = [
+        one_item_request(O.audio_item(seed=s, offset=H.TEXT_BEFORE), AUDIO_TOKENS)
+        for s in (21, 22)
+    ]
     for platform in ("ROCm", "CUDA"):  # CUDA: the batched reference
         result[("thinker_audio", platform)] = _step(
-            thinker.get_audio_feature, clips, platform, gate_log, calls)
+            thinker.get_audio_feature, clips, platform, gate_log, calls
+        )
     return result
 
 
@@ -253,8 +297,12 @@ def _built(model, attribute, vision_fc1):
     """How the real ``__init__`` built ``model``: its class, the attribute it
     set from the flag, and the output rows of its first vision MLP layer on
     this rank (a tensor-parallel layer holds half of them at TP 2)."""
-    return (type(model).__name__, attribute, getattr(model, attribute),
-            int(vision_fc1.weight.shape[0]))
+    return (
+        type(model).__name__,
+        attribute,
+        getattr(model, attribute),
+        int(vision_fc1.weight.shape[0]),
+    )
 
 
 def _units(model, item, tokens):
@@ -297,9 +345,19 @@ def _gate(rank, line):
 # the thinker (half on each rank: tensor-parallel).
 BUILT = {
     "internvl": ("InternVLChatModel", "use_data_parallel", True, 64),
-    "muse": ("MuseSparkForConditionalGeneration", "use_data_parallel_encoder", True, 64),
+    "muse": (
+        "MuseSparkForConditionalGeneration",
+        "use_data_parallel_encoder",
+        True,
+        64,
+    ),
     "glm_image": ("GlmImageForConditionalGeneration", "use_data_parallel", True, 64),
-    "thinker": ("Qwen3OmniMoeThinkerForConditionalGeneration", "use_data_parallel", True, 64),
+    "thinker": (
+        "Qwen3OmniMoeThinkerForConditionalGeneration",
+        "use_data_parallel",
+        True,
+        64,
+    ),
 }
 
 
@@ -315,14 +373,21 @@ def test_rocm_dp_model_takes_both_requests_in_one_call(ranks, model):
         assert step["calls"] == [2]
         assert step["towers"] == [1]
         assert step["gate"] == _gate(rank, ON_ROCM)
-        torch.testing.assert_close(step["out"], r[f"{model}_alone"], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(ranks[0][(model, "ROCm")]["out"], ranks[1][(model, "ROCm")]["out"])
+        torch.testing.assert_close(
+            step["out"], r[f"{model}_alone"], rtol=1e-4, atol=1e-5
+        )
+    torch.testing.assert_close(
+        ranks[0][(model, "ROCm")]["out"], ranks[1][(model, "ROCm")]["out"]
+    )
 
 
 @pytest.mark.parametrize(
     "case,model,line",
-    [("glm_image", "glm_image", OFF_NOT_DP), ("thinker_image", "thinker", OFF_NOT_DP),
-     ("thinker_audio", "thinker", OFF_AUDIO)],
+    [
+        ("glm_image", "glm_image", OFF_NOT_DP),
+        ("thinker_image", "thinker", OFF_NOT_DP),
+        ("thinker_audio", "thinker", OFF_AUDIO),
+    ],
     ids=["glm-image", "qwen3-omni-image", "qwen3-omni-audio"],
 )
 def test_rocm_not_spread_stays_one_call_per_request(ranks, case, model, line):
@@ -343,7 +408,9 @@ def test_rocm_not_spread_stays_one_call_per_request(ranks, case, model, line):
         rocm = [r[(case, "ROCm")]["out"] for r in ranks]
         torch.testing.assert_close(rocm[0], rocm[1])
         assert rocm[0].abs().sum() > 0
-        torch.testing.assert_close(rocm[0], ranks[0][(case, "CUDA")]["out"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            rocm[0], ranks[0][(case, "CUDA")]["out"], rtol=1e-4, atol=1e-5
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -425,7 +492,11 @@ def test_kimi_grid_thws_item_counts_t_h_w(grids, patches, feature):
     from sglang.srt.multimodal.modality import Modality
     from sglang.srt.multimodal.vit_batching import dp_encoder_of, item_encoder_units
 
-    value = torch.zeros(1, patches * 3 * 14 * 14) if feature == "pixels" else RaisingFeature()
+    value = (
+        torch.zeros(1, patches * 3 * 14 * 14)
+        if feature == "pixels"
+        else RaisingFeature()
+    )
     item = _grid_thws_item(grids, value)
     model = _kimi_k25_built_data_parallel()
     dp = dp_encoder_of(model.get_image_feature, Modality.IMAGE)

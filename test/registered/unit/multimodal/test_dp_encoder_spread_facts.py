@@ -49,7 +49,11 @@ def _video_item(t, h, w):
 
 
 def _worker(rank, world_size, init_method):
+    from cpu_support.tiny_kimi_minimax import build_tiny_kimi_k3
+
     from sglang.srt.managers import mm_schedule
+    from sglang.srt.models.glm5_next import Glm5NextForConditionalGeneration
+    from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
     from sglang.srt.multimodal import vision_warmup, vit_batching
     from sglang.srt.multimodal.mm_utils import (
         get_dp_encoder_lb_assignment,
@@ -57,11 +61,6 @@ def _worker(rank, world_size, init_method):
     )
     from sglang.srt.multimodal.modality import Modality
     from sglang.srt.runtime_context import get_mm, override_platform
-
-    from sglang.srt.models.glm5_next import Glm5NextForConditionalGeneration
-    from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
-
-    from cpu_support.tiny_kimi_minimax import build_tiny_kimi_k3
 
     torch.distributed.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world_size
@@ -81,17 +80,21 @@ def _worker(rank, world_size, init_method):
             with override_platform(**H.ROCM):
                 out["with_encoder"][flag, attn_tp] = {
                     "data-parallel": hip_dp_encoder_batches_vit(
-                        H.DecisionModel(flag).get_image_feature, Modality.IMAGE),
+                        H.DecisionModel(flag).get_image_feature, Modality.IMAGE
+                    ),
                     "not data-parallel": hip_dp_encoder_batches_vit(
-                        glm_image, Modality.IMAGE),
+                        glm_image, Modality.IMAGE
+                    ),
                 }
                 vit_batching._logged_decisions.clear()
                 out["kimi_k3"][flag, attn_tp] = {
                     "gate": mm_schedule._batch_vit_across_requests(
-                        kimi_k3.get_image_feature, Modality.IMAGE),
+                        kimi_k3.get_image_feature, Modality.IMAGE
+                    ),
                     "warm_up": vision_warmup.vision_warm_up_decision(kimi_k3),
                     "cap_ranks": vit_batching.encoder_call_cap(
-                        kimi_k3.get_image_feature, Modality.IMAGE)[1],
+                        kimi_k3.get_image_feature, Modality.IMAGE
+                    )[1],
                 }
     # GLM-5-Next video, DP encoder at attention-TP 2: one video of 2 frames
     # of 10x10 patches and one of 3 frames of 8x8, under a cap of CAP a rank.
@@ -119,7 +122,11 @@ def test_the_seed_helper_with_no_argument_answers_the_seeds_question(facts):
     """True on ROCm when get_mm().mm_enable_dp_encoder and attention-TP > 1;
     never on NPU, XPU or CUDA."""
     for (platform, flag, attn_tp), batches in facts["seed"].items():
-        assert batches is (platform == "ROCm" and flag and attn_tp > 1), (platform, flag, attn_tp)
+        assert batches is (platform == "ROCm" and flag and attn_tp > 1), (
+            platform,
+            flag,
+            attn_tp,
+        )
     assert facts["seed"]["ROCm", True, 2] is True
 
 
@@ -157,9 +164,9 @@ def test_a_warm_up_written_against_the_seed_runs_one_call_per_grid():
     """Seed 001's GLM branch runs the vision tower on two dummy grids through
     mm_utils.warm_up_vision_tower when hip_dp_encoder_batches_vit() holds; a
     flat list of grids is one one-image call per grid."""
-    from sglang.srt.multimodal.mm_utils import warm_up_vision_tower
-
     from cpu_support.ranks import free_port
+
+    from sglang.srt.multimodal.mm_utils import warm_up_vision_tower
 
     T.publish_cpu_context(tp_size=1)
     T.init_gloo(0, 1, f"tcp://127.0.0.1:{free_port()}")

@@ -48,16 +48,35 @@ def tiny_glm_image_config():
 
     return GlmImageConfig(
         text_config=dict(
-            vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-            num_attention_heads=4, num_key_value_heads=2, vision_vocab_size=256,
-            pad_token_id=0, eos_token_id=1, max_position_embeddings=512,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                             "mrope_section": [2, 3, 3], "partial_rotary_factor": 0.5},
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vision_vocab_size=256,
+            pad_token_id=0,
+            eos_token_id=1,
+            max_position_embeddings=512,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+                "partial_rotary_factor": 0.5,
+            },
         ),
-        vision_config=dict(depth=1, hidden_size=64, num_heads=4, intermediate_size=128,
-                           image_size=64, patch_size=16),
+        vision_config=dict(
+            depth=1,
+            hidden_size=64,
+            num_heads=4,
+            intermediate_size=128,
+            image_size=64,
+            patch_size=16,
+        ),
         vq_config=dict(embed_dim=16, num_embeddings=32, latent_channels=16),
-        image_token_id=300, image_start_token_id=301, image_end_token_id=302,
+        image_token_id=300,
+        image_start_token_id=301,
+        image_end_token_id=302,
         architectures=["GlmImageForConditionalGeneration"],
     )
 
@@ -75,8 +94,11 @@ def _hook_warnings(model, warm_log, tower):
             H.post_load_hook(model)
     finally:
         handle.remove()
-    return {"lines": warm_log.lines[first:], "tower_calls": seen,
-            "dp": getattr(model, "use_data_parallel", None)}
+    return {
+        "lines": warm_log.lines[first:],
+        "tower_calls": seen,
+        "dp": getattr(model, "use_data_parallel", None),
+    }
 
 
 def count_items(calls):
@@ -87,6 +109,7 @@ def count_items(calls):
 def _rank_worker(rank, world_size, init_method):
     from cpu_support import tiny_gemma3_internvl as G
     from cpu_support import tiny_qwen3_vl as T
+
     from sglang.srt.multimodal import vit_batching
     from sglang.srt.runtime_context import override_platform
 
@@ -130,9 +153,9 @@ def _rank_worker(rank, world_size, init_method):
     # --- Models the DP encoder spreads but the warm-up has no plan for, under
     # the gate: InternVL (its own tile runner, no plan) and GLM-Image (left
     # out on purpose: serving it with the DP encoder is broken upstream).
-    from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
-
     from cpu_support.tiny_vl_family import build_tiny_family_model
+
+    from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
 
     G.publish_dp_encoder_server(G.tiny_internvl_config(), rank, world_size)
     internvl = G.build_tiny_internvl(seed=4)
@@ -159,7 +182,9 @@ def test_rocm_gemma3_two_requests_take_two_encoder_calls(ranks):
         # The TP-sharded tower runs once per image on every rank.
         assert r["gemma_rocm"]["towers"] == [1, 1]
         assert r["gemma_rocm"]["out"].shape == (2 * GEMMA3_TOKENS_PER_IMAGE, HIDDEN)
-        torch.testing.assert_close(r["gemma_rocm"]["out"], r["gemma_alone"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            r["gemma_rocm"]["out"], r["gemma_alone"], rtol=1e-5, atol=1e-6
+        )
 
 
 def test_rocm_gemma3_is_not_data_parallel_and_the_gate_logs_why_at_info(ranks):
@@ -168,9 +193,15 @@ def test_rocm_gemma3_is_not_data_parallel_and_the_gate_logs_why_at_info(ranks):
     Once per server: TP rank 0 logs the decision, rank 1 stays quiet."""
     assert [r["gemma_has_dp_attr"] for r in ranks] == [False, False]
     for rank, r in enumerate(ranks):
-        assert _gate_lines(r["gemma_rocm"]["gate"]) == [
-            (logging.INFO, "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)")
-        ][: 1 - rank]
+        assert (
+            _gate_lines(r["gemma_rocm"]["gate"])
+            == [
+                (
+                    logging.INFO,
+                    "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)",
+                )
+            ][: 1 - rank]
+        )
 
 
 def test_post_load_hook_is_silent_for_a_model_the_flag_does_not_spread(ranks):
@@ -183,10 +214,13 @@ def test_cuda_gemma3_batches_the_two_requests(ranks):
     for rank, r in enumerate(ranks):
         assert r["gemma_cuda"]["calls"] == [2]
         assert r["gemma_cuda"]["towers"] == [1, 1]  # Gemma3 loops per image inside
-        assert _gate_lines(r["gemma_cuda"]["gate"]) == [
-            (logging.INFO, "cross-request ViT batching: on (CUDA)")
-        ][: 1 - rank]
-        torch.testing.assert_close(r["gemma_cuda"]["out"], r["gemma_alone"], rtol=1e-5, atol=1e-6)
+        assert (
+            _gate_lines(r["gemma_cuda"]["gate"])
+            == [(logging.INFO, "cross-request ViT batching: on (CUDA)")][: 1 - rank]
+        )
+        torch.testing.assert_close(
+            r["gemma_cuda"]["out"], r["gemma_alone"], rtol=1e-5, atol=1e-6
+        )
 
 
 @pytest.mark.parametrize(

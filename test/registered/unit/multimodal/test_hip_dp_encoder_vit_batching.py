@@ -66,8 +66,11 @@ def test_gate_decision_table(decision_tables):
         gates, helper, lines = decision_tables["gate"][row]
         batched, reason = expected_gate(*row)
         got = (gates, helper, lines)
-        want = ({batched}, row[0] == "ROCm" and batched,
-                [(logging.INFO, gate_line(batched, reason))])
+        want = (
+            {batched},
+            row[0] == "ROCm" and batched,
+            [(logging.INFO, gate_line(batched, reason))],
+        )
         if got != want:
             wrong.append((row, got, want))
     assert wrong == [], "\n".join(f"{r}: got {g}, expected {w}" for r, g, w in wrong)
@@ -84,10 +87,17 @@ def test_the_model_fact_is_read_from_the_bound_encoder():
     )
 
     model = H.DecisionModel(True)
-    for encoder in (model.get_image_feature, functools.partial(model.get_image_feature), model):
+    for encoder in (
+        model.get_image_feature,
+        functools.partial(model.get_image_feature),
+        model,
+    ):
         assert encoder_owner(encoder) is model
         assert vision_encoder_is_data_parallel(encoder) is True
-    assert vision_encoder_is_data_parallel(H.DecisionModel(False).get_image_feature) is False
+    assert (
+        vision_encoder_is_data_parallel(H.DecisionModel(False).get_image_feature)
+        is False
+    )
     assert vision_encoder_is_data_parallel(H.DecisionModel().get_image_feature) is False
     assert encoder_owner(lambda items: items) is None
     assert vision_encoder_is_data_parallel(lambda items: items) is False
@@ -162,9 +172,17 @@ def encoder_call_records():
         log.setLevel(previous)
         for _, message in handler.lines:
             if message.startswith("ViT encoder call: "):
-                fields = dict(f.split("=", 1) for f in message.split(": ", 1)[1].split())
-                records.append((fields["path"], int(fields["requests"]), int(fields["images"]),
-                                int(fields["patches"])))
+                fields = dict(
+                    f.split("=", 1) for f in message.split(": ", 1)[1].split()
+                )
+                records.append(
+                    (
+                        fields["path"],
+                        int(fields["requests"]),
+                        int(fields["images"]),
+                        int(fields["patches"]),
+                    )
+                )
 
 
 def decided(gate) -> list:
@@ -203,7 +221,9 @@ GATES = [BATCHED, PER_REQUEST, ("NPU", True), ("XPU", True)]
 
 
 @pytest.mark.parametrize("gate", GATES, ids=["CUDA", "ROCm-tp1", "NPU", "XPU"])
-def test_two_single_image_requests_one_call_only_when_batching(model, tower_calls, gate):
+def test_two_single_image_requests_one_call_only_when_batching(
+    model, tower_calls, gate
+):
     requests = _two_single_image_requests()
     out, reference = one_step(model, tower_calls, gate, requests)
     assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
@@ -230,7 +250,9 @@ def test_batched_and_per_request_give_the_same_embeddings(model, tower_calls):
 # Per-request behaviours that must not change, on both paths
 # ---------------------------------------------------------------------------
 
-BOTH_PATHS = pytest.mark.parametrize("gate", [BATCHED, PER_REQUEST], ids=["batched", "per-request"])
+BOTH_PATHS = pytest.mark.parametrize(
+    "gate", [BATCHED, PER_REQUEST], ids=["batched", "per-request"]
+)
 
 
 @BOTH_PATHS
@@ -262,7 +284,9 @@ def test_cached_entry_with_wrong_token_count_is_reencoded(model, tower_calls, ga
 
     requests = _two_single_image_requests()
     stale = requests[0].items[0]
-    mm_schedule.embedding_cache.set(stale.hash, EmbeddingResult(embedding=torch.zeros(3, 128)))
+    mm_schedule.embedding_cache.set(
+        stale.hash, EmbeddingResult(embedding=torch.zeros(3, 128))
+    )
     out, reference = one_step(model, tower_calls, gate, requests)
     # The stale entry was not served: both images went to the encoder.
     assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
@@ -286,7 +310,10 @@ def test_multi_span_items_take_the_full_path(model, tower_calls, gate):
         out, reference = one_step(model, tower_calls, gate, requests)
     if gate == BATCHED:
         # The two single-span images in one call, the video in its own.
-        assert sorted(tower_calls.calls, key=len) == [[(1, 8, 8)], [(1, 8, 8), (1, 8, 12)]]
+        assert sorted(tower_calls.calls, key=len) == [
+            [(1, 8, 8)],
+            [(1, 8, 8), (1, 8, 12)],
+        ]
         first = [("batched", 2, 2, 64 + 96)]
     else:
         # One call per request, the video's included.
@@ -299,7 +326,9 @@ def test_multi_span_items_take_the_full_path(model, tower_calls, gate):
 
 
 @BOTH_PATHS
-def test_colliding_hashes_with_different_lengths_are_not_deduplicated(model, tower_calls, gate):
+def test_colliding_hashes_with_different_lengths_are_not_deduplicated(
+    model, tower_calls, gate
+):
     a = H.make_request([(1, 8, 8)], seed=41)
     b = H.make_request([(1, 8, 12)], seed=42)
     b.items[0].hash = a.items[0].hash  # same hash, different token count
@@ -318,10 +347,15 @@ def _images_in_window(request):
 
 @BOTH_PATHS
 @pytest.mark.parametrize("cut", [(0, 9), (9, 10), (14, 40)])
-def test_chunk_windows_that_cut_an_image_return_the_right_rows(model, tower_calls, gate, cut):
+def test_chunk_windows_that_cut_an_image_return_the_right_rows(
+    model, tower_calls, gate, cut
+):
     """Chunked prefill: [prefix, prefix + extend) cuts through image spans."""
     prefix, extend = cut
-    requests = [H.make_request([(1, 8, 8), (1, 8, 12)], seed=51), H.make_request([(1, 12, 8)], seed=52)]
+    requests = [
+        H.make_request([(1, 8, 8), (1, 8, 12)], seed=51),
+        H.make_request([(1, 12, 8)], seed=52),
+    ]
     requests[0].prefix, requests[0].extend = prefix, extend
     out, reference = one_step(model, tower_calls, gate, requests)
     expected = per_path(gate, [_images_in_window(r) for r in requests])
@@ -343,6 +377,7 @@ def _rank_worker(rank, world_size, init_method, grids_per_request):
     is the whole scheduler step."""
     from cpu_support import mm_harness as H
     from cpu_support import tiny_qwen3_vl as T
+
     from sglang.srt.managers import mm_schedule
     from sglang.srt.runtime_context import override_platform
 
@@ -350,7 +385,9 @@ def _rank_worker(rank, world_size, init_method, grids_per_request):
     T.init_gloo(rank, world_size, init_method)
     model = T.build_tiny_qwen3_vl(seed=1)
     gate_log = H.capture_log(GATE_LOGGER)
-    requests = [H.make_request(g, seed=100 + i) for i, g in enumerate(grids_per_request)]
+    requests = [
+        H.make_request(g, seed=100 + i) for i, g in enumerate(grids_per_request)
+    ]
     out = {}
     with torch.no_grad(), override_platform(**H.ROCM):
         H.fresh_embedding_cache()
@@ -358,14 +395,22 @@ def _rank_worker(rank, world_size, init_method, grids_per_request):
             rows = []
             for req in requests:
                 rows += mm_schedule._get_chunked_embedding_by_item(
-                    model.get_image_feature, req.items, req.prefix, req.extend_len,
-                    torch.device("cpu"))
+                    model.get_image_feature,
+                    req.items,
+                    req.prefix,
+                    req.extend_len,
+                    torch.device("cpu"),
+                )
         out["per_request"] = {"calls": calls.calls, "out": torch.cat(rows)}
         H.fresh_embedding_cache()
         first = len(gate_log.lines)
         with H.TowerCalls().attach(model.visual) as calls:
             emb = H.run_prefill_embedding(model, requests)
-        out["series"] = {"calls": calls.calls, "out": emb, "gate": gate_log.lines[first:]}
+        out["series"] = {
+            "calls": calls.calls,
+            "out": emb,
+            "gate": gate_log.lines[first:],
+        }
         out["alone"] = H.reference_rows(model, requests)
     return out
 
@@ -374,9 +419,15 @@ def test_two_ranks_per_request_idles_a_rank_batching_feeds_both():
     grids = [[(1, 8, 8)], [(1, 8, 8)], [(1, 8, 12)], [(1, 8, 8)]]
     ranks = run_on_ranks(_rank_worker, 2, grids, timeout=300)
     for rank, r in enumerate(ranks):  # logged once per server, by TP rank 0
-        assert r["series"]["gate"] == [
-            (logging.INFO, "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)")
-        ][: 1 - rank]
+        assert (
+            r["series"]["gate"]
+            == [
+                (
+                    logging.INFO,
+                    "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)",
+                )
+            ][: 1 - rank]
+        )
     per_request = [sum(len(c) for c in r["per_request"]["calls"]) for r in ranks]
     batched = [sum(len(c) for c in r["series"]["calls"]) for r in ranks]
     assert sorted(per_request) == [0, 4], per_request  # one rank does all the work

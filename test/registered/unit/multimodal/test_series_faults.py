@@ -352,7 +352,9 @@ def test_a_later_cross_request_step_works_on_both_ranks(ranks):
         # One cross-request call; the DP runner gives each rank one image.
         assert fault["calls"] == [[(1, 8, 8)]], (rank, fault["calls"])
         assert torch.allclose(fault["rows"], out["reference"], atol=1e-5)
-    assert torch.equal(ranks[0]["warm_up_fault"]["rows"], ranks[1]["warm_up_fault"]["rows"])
+    assert torch.equal(
+        ranks[0]["warm_up_fault"]["rows"], ranks[1]["warm_up_fault"]["rows"]
+    )
 
 
 def test_a_clean_up_fault_on_rank_1_warns_there_and_serving_goes_on(ranks):
@@ -415,7 +417,10 @@ def test_warm_up_leaves_no_graph(ranks):
         # rank's warm-up without graphs), and freed every graph it captured.
         assert graph["plan_calls"] == out["clean_up_fault"]["hook_calls"] != []
         assert graph["left_by_warm_up"] == 0
-        assert f"vision warm-up: freed {graph['warm_calls']} ViT CUDA graph(s)" in graph["warm_lines"]
+        assert (
+            f"vision warm-up: freed {graph['warm_calls']} ViT CUDA graph(s)"
+            in graph["warm_lines"]
+        )
 
 
 def test_graph_cache_bound_holds_over_distinct_layouts(ranks):
@@ -427,10 +432,13 @@ def test_graph_cache_bound_holds_over_distinct_layouts(ranks):
         # (evicted, so captured anew, evicting one more).
         assert graph["captured"] == DISTINCT_LAYOUTS + 1
         assert graph["evicted"] == DISTINCT_LAYOUTS - GRAPH_BOUND + 1
-        assert graph["cache_lines"].count(
-            "ViT CUDA graph cache full: keeping the 32 most recently used sequence "
-            "layouts per vision tower, evicting the rest"
-        ) == 1
+        assert (
+            graph["cache_lines"].count(
+                "ViT CUDA graph cache full: keeping the 32 most recently used sequence "
+                "layouts per vision tower, evicting the rest"
+            )
+            == 1
+        )
 
 
 # --- the encoder-only server warms in its serving grad mode -----------------------
@@ -465,8 +473,11 @@ def test_server_args_rejects_a_bad_cap_in_one_line(cap):
     resolve, then check_server_args. Construction stays unresolved."""
     from sglang.srt.server_args import ServerArgs
 
-    args = ServerArgs(model_path=T.write_config_dir(), device="cpu",
-                      mm_max_encoder_patches_per_call=cap)
+    args = ServerArgs(
+        model_path=T.write_config_dir(),
+        device="cpu",
+        mm_max_encoder_patches_per_call=cap,
+    )
     args.resolve_once()
     with pytest.raises(ValueError) as info:
         args.check_server_args()
@@ -508,7 +519,9 @@ def _diverging_caches_worker(rank, world_size, init_method):
             EmbeddingResult(embedding=first.reshape(-1, first.shape[-1])),
         )
     calls = []
-    model.get_image_feature = H.encoder_spy(model, lambda items: calls.append(len(items)))
+    model.get_image_feature = H.encoder_spy(
+        model, lambda items: calls.append(len(items))
+    )
     done = threading.Event()
 
     def step():
@@ -533,8 +546,15 @@ def test_a_rank_local_cache_hit_desynchronises_the_dp_encoder():
     hangs the same way on the platforms it batches on; on ROCm it makes one
     call per request.)"""
     out = run_on_ranks(_diverging_caches_worker, 2, timeout=300)
-    assert out[0]["gate"] == [
-        (logging.INFO, "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)")
-    ] and out[1]["gate"] == [], out
+    assert (
+        out[0]["gate"]
+        == [
+            (
+                logging.INFO,
+                "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)",
+            )
+        ]
+        and out[1]["gate"] == []
+    ), out
     assert out[0]["calls"] == [2] and out[1]["calls"] == [1], out
     assert not out[0]["finished"] and not out[1]["finished"], out

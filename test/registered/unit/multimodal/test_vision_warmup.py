@@ -30,7 +30,11 @@ from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support import tiny_vl_family as F  # noqa: E402
 from cpu_support.mm_harness import PLATFORMS, ROCM, TowerCalls  # noqa: E402
 from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
-from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP, _cache_entries  # noqa: E402
+from vision_warmup_audit import (  # noqa: E402
+    CEILING_CALL,
+    SERVING_SWEEP,
+    _cache_entries,
+)
 
 # (platform, DP encoder) at attention-TP 2 under which the hooks run.
 GATE = ("ROCm", True)
@@ -102,9 +106,11 @@ def _hook_calls(model, platform, dp_encoder, encoder_only=False):
     """Tower calls and warm-up log lines of one hook call in one setting."""
     from sglang.srt.runtime_context import get_disagg, get_mm, override_platform
 
-    with H.warm_up_log() as log, override_platform(**PLATFORMS[platform]), get_mm().override(
-        mm_enable_dp_encoder=dp_encoder
-    ), get_disagg().override(encoder_only=encoder_only), TowerCalls() as seen:
+    with H.warm_up_log() as log, override_platform(
+        **PLATFORMS[platform]
+    ), get_mm().override(mm_enable_dp_encoder=dp_encoder), get_disagg().override(
+        encoder_only=encoder_only
+    ), TowerCalls() as seen:
         if model.visual is not None:
             seen.attach(model.visual)
         H.post_load_hook(model)
@@ -162,7 +168,9 @@ def _alone_on_rank_0(rank, model, flag):
         done = {}
 
         def hook():
-            with H.warm_up_log() as log, override_platform(**ROCM), TowerCalls() as seen:
+            with H.warm_up_log() as log, override_platform(
+                **ROCM
+            ), TowerCalls() as seen:
                 seen.attach(model.visual)
                 H.post_load_hook(model)
             done.update(calls=seen.calls, lines=log.lines)
@@ -301,7 +309,9 @@ def test_glm5_next_hook_warms_two_grids(ranks):
     for rank, out in enumerate(ranks):
         calls, lines = out["hook"]["glm5_next"]
         assert calls == GLM_CALLS
-        assert lines == [lines[0]] and lines[0].startswith(f"vision warm-up (rank {rank})")
+        assert lines == [lines[0]] and lines[0].startswith(
+            f"vision warm-up (rank {rank})"
+        )
         assert "[[1,32,32]] [[1,48,64]]" in lines[0]
 
 
@@ -320,21 +330,29 @@ def test_models_without_a_vision_tower_are_left_alone(ranks, name):
 def test_encoder_only_server_warms_every_rank_on_npu(ranks):
     for rank, out in enumerate(ranks):
         calls, lines = out["encoder_only_npu"]
-        assert calls == out["hook"]["qwen3_vl"][0] != [], rank  # the plan a regular server warms
+        assert (
+            calls == out["hook"]["qwen3_vl"][0] != []
+        ), rank  # the plan a regular server warms
         assert len(lines) == 1 and lines[0].startswith(f"vision warm-up (rank {rank})")
 
 
 def test_qwen4_exp_warms_vision_first_then_its_split_k_precompile_once(ranks):
     for out in ranks:
-        assert out["qwen4_order"] == ["vision"] * len(out["hook"]["qwen4_exp"][0]) + ["splitk"]
+        assert out["qwen4_order"] == ["vision"] * len(out["hook"]["qwen4_exp"][0]) + [
+            "splitk"
+        ]
 
 
 def test_warm_up_on_rank_0_alone_finishes_while_rank_1_stays_idle(ranks):
     """No collective: rank 0 warms (the full plan, its log line) without rank 1."""
     rank0, rank1 = ranks[0]["alone"], ranks[1]["alone"]
-    assert rank0["finished"], f"rank 0's warm-up did not finish in {ALONE_TIMEOUT} s alone"
+    assert rank0[
+        "finished"
+    ], f"rank 0's warm-up did not finish in {ALONE_TIMEOUT} s alone"
     assert rank0["calls"] == ranks[0]["hook"]["qwen3_vl"][0] != []  # the whole plan
-    assert len(rank0["lines"]) == 1 and rank0["lines"][0].startswith("vision warm-up (rank 0)")
+    assert len(rank0["lines"]) == 1 and rank0["lines"][0].startswith(
+        "vision warm-up (rank 0)"
+    )
     assert rank1 == {"idle_until_rank_0_finished": True}
 
 
@@ -422,7 +440,7 @@ def test_helper_feeds_each_call_like_the_dp_encoder(tp1_context):
 def test_helper_uses_the_event_loop_grad_mode(tp1_context):
     """Dynamo guards on grad/inference mode: the warm-up must match serving."""
     from sglang.srt.multimodal.mm_utils import warm_up_vision_tower
-    from sglang.srt.utils.common import DynamicGradMode, _ENABLE_TORCH_INFERENCE_MODE
+    from sglang.srt.utils.common import _ENABLE_TORCH_INFERENCE_MODE, DynamicGradMode
 
     tower = _StandInTower()
     warm_up_vision_tower(tower, [[(1, 2, 2)]])

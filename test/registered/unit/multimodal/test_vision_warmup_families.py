@@ -44,10 +44,28 @@ QWEN3_TOWER_CALLS = [[(1, 32, 32)], [(1, 48, 64)], [(1, 8, 8)] * 6]
 # name -> (builder, builder kwargs, tower attribute, expected warm-up calls,
 #          pixel values per patch: in_channels * temporal_patch * patch**2)
 FAMILIES = {
-    "qwen2_5_vl": ("build_tiny_qwen2_5_vl", {}, "visual", ROTARY_ONLY_CALLS, 3 * 2 * 14 * 14),
+    "qwen2_5_vl": (
+        "build_tiny_qwen2_5_vl",
+        {},
+        "visual",
+        ROTARY_ONLY_CALLS,
+        3 * 2 * 14 * 14,
+    ),
     "glm4v": ("build_tiny_glm4v", {}, "visual", ROTARY_ONLY_CALLS, 3 * 2 * 14 * 14),
-    "glm4v_moe": ("build_tiny_glm4v", {"moe": True}, "visual", ROTARY_ONLY_CALLS, 3 * 2 * 14 * 14),
-    "bailing_mm": ("build_tiny_bailing_mm", {}, "vision", QWEN3_TOWER_CALLS, 3 * 2 * 16 * 16),
+    "glm4v_moe": (
+        "build_tiny_glm4v",
+        {"moe": True},
+        "visual",
+        ROTARY_ONLY_CALLS,
+        3 * 2 * 14 * 14,
+    ),
+    "bailing_mm": (
+        "build_tiny_bailing_mm",
+        {},
+        "vision",
+        QWEN3_TOWER_CALLS,
+        3 * 2 * 16 * 16,
+    ),
     "bailing_mm_qwen2_5_tower": (
         "build_tiny_bailing_mm",
         {"vision": "qwen2_5"},
@@ -93,9 +111,11 @@ def _hook_calls(name, model, platform, dp_encoder, encoder_only=False):
     """Tower calls made before the hook returned, and the warm-up log lines."""
     from sglang.srt.runtime_context import get_disagg, get_mm, override_platform
 
-    with H.warm_up_log() as log, override_platform(**PLATFORMS[platform]), get_mm().override(
-        mm_enable_dp_encoder=dp_encoder
-    ), get_disagg().override(encoder_only=encoder_only), TowerCalls() as seen:
+    with H.warm_up_log() as log, override_platform(
+        **PLATFORMS[platform]
+    ), get_mm().override(mm_enable_dp_encoder=dp_encoder), get_disagg().override(
+        encoder_only=encoder_only
+    ), TowerCalls() as seen:
         seen.attach(_tower(name, model))
         H.post_load_hook(model)
     return seen.calls, log.lines
@@ -147,7 +167,9 @@ def _rank_worker(rank, world_size, init_method):
     out["audit"] = {
         name: _compile_audit(name, models[name]) for name in AUDITED_ON_RANK[rank]
     }
-    out["hook"] = {name: _hook_calls(name, model, *GATE) for name, model in models.items()}
+    out["hook"] = {
+        name: _hook_calls(name, model, *GATE) for name, model in models.items()
+    }
     return out
 
 

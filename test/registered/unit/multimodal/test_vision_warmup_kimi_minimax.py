@@ -122,7 +122,9 @@ def _hook_calls(model, platform, dp_encoder, encoder_only=False):
         **PLATFORMS[platform]
     ), get_mm().override(mm_enable_dp_encoder=dp_encoder), get_disagg().override(
         encoder_only=encoder_only
-    ), TowerCalls().attach(model.vision_tower) as seen:
+    ), TowerCalls().attach(
+        model.vision_tower
+    ) as seen:
         post_load_hook(model)
     return seen.calls, seen.kwargs, handler.lines
 

@@ -63,14 +63,22 @@ def _blocks_and_merger(runner, graph_key, cos, sin):
     return torch.cat([vit.merger(x)] + deepstack, dim=1)
 
 
-def _capture(self, graph_key, position_embeddings=None, rotary_pos_emb_cos=None,
-             rotary_pos_emb_sin=None):
+def _capture(
+    self,
+    graph_key,
+    position_embeddings=None,
+    rotary_pos_emb_cos=None,
+    rotary_pos_emb_sin=None,
+):
     """Stands in for ``ViTCudaGraphRunner._create_graph``: inside the runner's
     own capture context, allocate the static output; each replay writes the
     tower's result for the current input buffer into it."""
+
     def compute():
         with torch.no_grad():
-            return _blocks_and_merger(self, graph_key, rotary_pos_emb_cos, rotary_pos_emb_sin)
+            return _blocks_and_merger(
+                self, graph_key, rotary_pos_emb_cos, rotary_pos_emb_sin
+            )
 
     with self._capture_context():
         self.block_output[graph_key] = compute()
@@ -104,8 +112,9 @@ def serving(*, cap=None, deterministic=False):
         if cap is not None:
             stack.enter_context(get_mm().override(mm_max_encoder_patches_per_call=cap))
         if deterministic:
-            stack.enter_context(get_exec().deterministic.override(
-                enable_deterministic_inference=True))
+            stack.enter_context(
+                get_exec().deterministic.override(enable_deterministic_inference=True)
+            )
         yield
 
 
@@ -139,7 +148,9 @@ def model():
     return T.build_tiny_qwen3_vl(seed=3)
 
 
-@pytest.mark.control(reason="precondition of this module: two images of one size, encoded alone through the graph path, differ")
+@pytest.mark.control(
+    reason="precondition of this module: two images of one size, encoded alone through the graph path, differ"
+)
 def test_two_images_of_one_size_have_different_embeddings(model):
     """So an image that comes back with the other's embedding is seen."""
     first, second = _alone(model, _requests(seed=5)).chunk(2)
@@ -155,7 +166,9 @@ def test_same_layout_calls_under_the_cap_keep_their_own_embeddings(model):
     assert torch.equal(rows, _alone(model, requests))
 
 
-def test_same_layout_calls_under_deterministic_inference_keep_their_own_embeddings(model):
+def test_same_layout_calls_under_deterministic_inference_keep_their_own_embeddings(
+    model,
+):
     requests = _requests(seed=20)
     H.fresh_embedding_cache()
     rows, calls = _step(model, requests, deterministic=True)
@@ -241,7 +254,9 @@ def _layout_stream(model, communicator):
     try:
         with graph_on(), torch.no_grad():
             for grid in grids + grids[:RECURRING]:
-                model.visual(torch.randn(grid[1] * grid[2], width), torch.tensor([grid]))
+                model.visual(
+                    torch.randn(grid[1] * grid[2], width), torch.tensor([grid])
+                )
     finally:
         group.ca_comm = real
     kept = len(runner.block_graphs)
@@ -275,7 +290,9 @@ def test_a_tower_that_registers_with_custom_all_reduce_keeps_every_graph(model):
 
 
 def test_without_custom_all_reduce_the_bound_holds(model):
-    registrations, kept, lines = _layout_stream(model, _CustomAllReduceStandIn(disabled=True))
+    registrations, kept, lines = _layout_stream(
+        model, _CustomAllReduceStandIn(disabled=True)
+    )
     assert registrations == 0
     assert kept == GRAPH_BOUND
     assert len(lines) == 1 and lines[0].startswith("ViT CUDA graph cache full")

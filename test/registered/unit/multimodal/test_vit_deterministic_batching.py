@@ -52,7 +52,9 @@ def test_one_process_each_image_alone_and_bitwise(models, dtype):
     assert torch.equal(out, alone)
 
 
-@pytest.mark.control(reason="upstream behaviour the series keeps: without deterministic inference the step's images go in one call")
+@pytest.mark.control(
+    reason="upstream behaviour the series keeps: without deterministic inference the step's images go in one call"
+)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_one_process_without_deterministic_inference_batches(models, dtype):
     model = models[dtype]

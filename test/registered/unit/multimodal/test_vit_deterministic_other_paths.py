@@ -42,7 +42,9 @@ from cpu_support.tiny_gemma3_internvl import (  # noqa: E402
     GEMMA3_TOKENS_PER_IMAGE,
     HIDDEN,
 )
-from cpu_support.tiny_gemma3_internvl import INTERNVL_TOKENS_PER_TILE as TOKENS_PER_TILE  # noqa: E402
+from cpu_support.tiny_gemma3_internvl import (  # noqa: E402
+    INTERNVL_TOKENS_PER_TILE as TOKENS_PER_TILE,
+)
 
 DTYPES = ["float32", "bfloat16"]
 
@@ -91,10 +93,16 @@ def _steps(model, requests, platforms, tower, modes=(True, False)):
                 towers.clear()
                 _fresh_server()
                 first = len(gate_log.lines)
-                with torch.no_grad(), override_platform(**H.PLATFORMS[platform]), deterministic(on):
+                with torch.no_grad(), override_platform(
+                    **H.PLATFORMS[platform]
+                ), deterministic(on):
                     emb = H.run_prefill_embedding(model, requests)
-                out[(platform, on)] = {"calls": list(calls), "towers": list(towers), "out": emb,
-                                       "gate": gate_log.lines[first:]}
+                out[(platform, on)] = {
+                    "calls": list(calls),
+                    "towers": list(towers),
+                    "out": emb,
+                    "gate": gate_log.lines[first:],
+                }
         with torch.no_grad(), deterministic(True):
             reference = H.reference_rows(model, requests)
     finally:
@@ -110,22 +118,31 @@ def _worker(rank, world_size, init_method):
     # (a) InternVL with the DP encoder at attention-TP 2.
     G.publish_dp_encoder_server(G.tiny_internvl_config(), rank, world_size)
     T.init_gloo(rank, world_size, init_method)
-    requests = G.pixel_requests(INTERNVL_TILES, TOKENS_PER_TILE, seed=7, key="det-other-paths")
+    requests = G.pixel_requests(
+        INTERNVL_TILES, TOKENS_PER_TILE, seed=7, key="det-other-paths"
+    )
     for dtype in DTYPES:
         model = G.build_tiny_internvl(seed=4, dtype=getattr(torch, dtype))
         result[("internvl", dtype, "dp")] = model.use_data_parallel
         # Tiles per rank of each DP-runner call: the encoder inside the tile runner.
-        result[("internvl", dtype)] = _steps(model, requests, ("CUDA", "ROCm"), model.vision_model.encoder)
+        result[("internvl", dtype)] = _steps(
+            model, requests, ("CUDA", "ROCm"), model.vision_model.encoder
+        )
 
     # (b) Gemma3 (ignores the flag; TP-sharded tower) on CUDA, flag on.
     G.publish_dp_encoder_server(G.tiny_gemma3_config(), rank, world_size)
     requests = G.pixel_requests(
-        [[1] * n for n in GEMMA3_IMAGES], GEMMA3_TOKENS_PER_IMAGE, seed=9, key="det-other-paths"
+        [[1] * n for n in GEMMA3_IMAGES],
+        GEMMA3_TOKENS_PER_IMAGE,
+        seed=9,
+        key="det-other-paths",
     )
     for dtype in DTYPES:
         model = G.build_tiny_gemma3(seed=6, dtype=getattr(torch, dtype))
         result[("gemma3", dtype, "dp")] = hasattr(model, "use_data_parallel")
-        result[("gemma3", dtype)] = _steps(model, requests, ("CUDA",), model.vision_tower, modes=(True,))
+        result[("gemma3", dtype)] = _steps(
+            model, requests, ("CUDA",), model.vision_tower, modes=(True,)
+        )
     return result
 
 
@@ -152,8 +169,10 @@ def test_internvl_dp_tile_runner_each_image_alone_and_bitwise(ranks, dtype, plat
         assert step["towers"] == [2, 1, 1, 1]
         assert step["out"].shape == (7 * TOKENS_PER_TILE, HIDDEN)
         assert torch.equal(step["out"], reference)
-    assert torch.equal(ranks[0][("internvl", dtype)][0][(platform, True)]["out"],
-                       ranks[1][("internvl", dtype)][0][(platform, True)]["out"])
+    assert torch.equal(
+        ranks[0][("internvl", dtype)][0][(platform, True)]["out"],
+        ranks[1][("internvl", dtype)][0][(platform, True)]["out"],
+    )
 
 
 def _one_cross_request_call(step):
@@ -162,8 +181,10 @@ def _one_cross_request_call(step):
     assert step["towers"] == [4]
 
 
-@pytest.mark.control(reason="upstream behaviour the series keeps: on CUDA, without deterministic "
-                            "inference, InternVL's step is one cross-request call")
+@pytest.mark.control(
+    reason="upstream behaviour the series keeps: on CUDA, without deterministic "
+    "inference, InternVL's step is one cross-request call"
+)
 def test_internvl_on_cuda_without_deterministic_inference_batches(ranks):
     for r in ranks:
         _one_cross_request_call(r[("internvl", "float32")][0][("CUDA", False)])
@@ -174,9 +195,15 @@ def test_internvl_on_rocm_without_deterministic_inference_batches_under_the_gate
     spreads InternVL's tiles at attention-TP 2 (its INFO line, on TP rank 0)."""
     for rank, r in enumerate(ranks):
         step = r[("internvl", "float32")][0][("ROCm", False)]
-        assert step["gate"] == [
-            (logging.INFO, "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)")
-        ][: 1 - rank]
+        assert (
+            step["gate"]
+            == [
+                (
+                    logging.INFO,
+                    "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)",
+                )
+            ][: 1 - rank]
+        )
         _one_cross_request_call(step)
 
 

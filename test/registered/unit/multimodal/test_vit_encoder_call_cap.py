@@ -22,7 +22,6 @@ from cpu_support import mm_harness as H  # noqa: E402
 from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support.ranks import free_port  # noqa: E402
 
-
 # ---------------------------------------------------------------------------
 # The splitter
 # ---------------------------------------------------------------------------
@@ -43,7 +42,10 @@ def test_groups_are_consecutive_bounded_and_maximal(ranks):
 
     rng = random.Random(1234 + ranks)
     for _ in range(300):
-        sizes = [rng.choice([16, 64, 196, 256, 784, 1024, 4096]) for _ in range(rng.randint(1, 12))]
+        sizes = [
+            rng.choice([16, 64, 196, 256, 784, 1024, 4096])
+            for _ in range(rng.randint(1, 12))
+        ]
         cap = rng.choice([16, 200, 1024, 2048, 5000])
         groups = encoder_call_groups(sizes, cap, ranks)
         assert [i for g in groups for i in g] == list(range(len(sizes)))
@@ -71,11 +73,15 @@ def test_cli_parses_a_cap_and_rejects_a_non_positive_one(capsys):
     from sglang.srt.server_args import prepare_server_args
 
     model_dir = T.write_config_dir()
-    args = prepare_server_args(["--model-path", model_dir, "--mm-max-encoder-patches-per-call", "4096"])
+    args = prepare_server_args(
+        ["--model-path", model_dir, "--mm-max-encoder-patches-per-call", "4096"]
+    )
     assert args.mm_max_encoder_patches_per_call == 4096
     for bad in ("0", "-5"):
         with pytest.raises(SystemExit) as exit_info:
-            prepare_server_args(["--model-path", model_dir, "--mm-max-encoder-patches-per-call", bad])
+            prepare_server_args(
+                ["--model-path", model_dir, "--mm-max-encoder-patches-per-call", bad]
+            )
         assert exit_info.value.code == 2
         # argparse's usage, then one error line naming the option and the value.
         errors = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
@@ -135,7 +141,11 @@ def test_call_boundary_inside_a_request_changes_nothing(model):
 
 
 def test_image_larger_than_the_cap_goes_alone(model):
-    requests = [H.make_request([(1, 8, 8)], seed=71), H.make_request([(1, 24, 16)], seed=72), H.make_request([(1, 8, 4)], seed=73)]
+    requests = [
+        H.make_request([(1, 8, 8)], seed=71),
+        H.make_request([(1, 24, 16)], seed=72),
+        H.make_request([(1, 8, 4)], seed=73),
+    ]
     with torch.no_grad():
         out, calls = _run(model, requests, 100)
         alone = H.reference_rows(model, requests)

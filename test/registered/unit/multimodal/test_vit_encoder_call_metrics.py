@@ -35,7 +35,9 @@ def model():
 def metrics_on(platform):
     from sglang.srt.runtime_context import get_observability, override_platform
 
-    with get_observability().override(enable_metrics=True), override_platform(**platform):
+    with get_observability().override(enable_metrics=True), override_platform(
+        **platform
+    ):
         yield
 
 
@@ -59,7 +61,9 @@ def snapshot(path):
         "images_count": sample("sglang:mm_encoder_call_images_count", **labels),
         "requests_sum": sample("sglang:mm_encoder_call_requests_sum", **labels),
         "patches_sum": sample("sglang:mm_encoder_call_patches_sum", **labels),
-        "images_le_1": sample("sglang:mm_encoder_call_images_bucket", le="1.0", **labels),
+        "images_le_1": sample(
+            "sglang:mm_encoder_call_images_bucket", le="1.0", **labels
+        ),
     }
 
 
@@ -90,8 +94,12 @@ def test_batched_burst_counts_one_call_of_n_images(model, caplog):
         "patches_sum": N * 64,
         "images_le_1": 0,
     }
-    lines = [r.getMessage() for r in caplog.records if "ViT encoder call" in r.getMessage()]
-    assert lines == [f"ViT encoder call: path=batched requests={N} images={N} patches={N * 64} rank=0"]
+    lines = [
+        r.getMessage() for r in caplog.records if "ViT encoder call" in r.getMessage()
+    ]
+    assert lines == [
+        f"ViT encoder call: path=batched requests={N} images={N} patches={N * 64} rank=0"
+    ]
 
 
 def test_per_request_burst_counts_n_calls_of_one_image(model, caplog):
@@ -101,17 +109,23 @@ def test_per_request_burst_counts_n_calls_of_one_image(model, caplog):
     H.fresh_embedding_cache()
     vit_batching._logged_decisions.clear()  # the gate logs once per server: a fresh one
     before = {p: snapshot(p) for p in ("per_request", "batched")}
-    with torch.no_grad(), metrics_on(ROCM), get_mm().override(mm_enable_dp_encoder=False), caplog.at_level(
-        logging.INFO, logger="sglang.srt.multimodal.vit_batching"
-    ):
+    with torch.no_grad(), metrics_on(ROCM), get_mm().override(
+        mm_enable_dp_encoder=False
+    ), caplog.at_level(logging.INFO, logger="sglang.srt.multimodal.vit_batching"):
         H.run_prefill_embedding(model, _burst())
     d = {p: delta(snapshot(p), before[p]) for p in before}
     assert d["per_request"]["calls"] == N and d["per_request"]["images_sum"] == N
     assert d["per_request"]["images_count"] == N
-    assert d["per_request"]["requests_sum"] == N and d["per_request"]["images_le_1"] == N
+    assert (
+        d["per_request"]["requests_sum"] == N and d["per_request"]["images_le_1"] == N
+    )
     # Not one of them on the batched path, and the gate said why.
     assert d["batched"]["calls"] == 0 and d["batched"]["images_sum"] == 0
-    gate = [r.getMessage() for r in caplog.records if r.name == "sglang.srt.multimodal.vit_batching"]
+    gate = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "sglang.srt.multimodal.vit_batching"
+    ]
     assert gate == ["cross-request ViT batching: off (ROCm, no DP encoder)"]
 
 
@@ -120,7 +134,9 @@ def test_capped_calls_are_counted_per_call(model):
 
     H.fresh_embedding_cache()
     before = snapshot("batched")
-    with torch.no_grad(), metrics_on(CUDA), get_mm().override(mm_max_encoder_patches_per_call=128):
+    with torch.no_grad(), metrics_on(CUDA), get_mm().override(
+        mm_max_encoder_patches_per_call=128
+    ):
         H.run_prefill_embedding(model, _burst())  # 5 x 64 patches -> 2 + 2 + 1
     d = delta(snapshot("batched"), before)
     assert d["calls"] == 3 and d["images_sum"] == N and d["requests_sum"] == N
@@ -154,7 +170,10 @@ def _attention_dp_group(rank, world_size, init_method):
     H.fresh_embedding_cache()
     with get_parallel().override(dp_rank=rank), torch.no_grad(), metrics_on(CUDA):
         # Group 0 serves one request, group 1 three.
-        requests = [H.make_request([(1, 8, 8)], seed=500 + 10 * rank + i) for i in range(1 + 2 * rank)]
+        requests = [
+            H.make_request([(1, 8, 8)], seed=500 + 10 * rank + i)
+            for i in range(1 + 2 * rank)
+        ]
         H.run_prefill_embedding(model, requests)
     return generate_latest(REGISTRY).decode()
 
@@ -162,16 +181,18 @@ def _attention_dp_group(rank, world_size, init_method):
 def test_two_attention_dp_groups_keep_separate_series():
     """What a Prometheus server scraping both groups' schedulers sees: one
     series per group, told apart by dp_rank, each with its own counts."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     from cpu_support.ranks import run_on_ranks
+    from prometheus_client.parser import text_string_to_metric_families
 
     scrapes = run_on_ranks(_attention_dp_group, 2, timeout=400)
     seen = {}
     for text in scrapes:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                if s.name == "sglang:mm_encoder_call_images_sum" and s.labels["path"] == "batched":
+                if (
+                    s.name == "sglang:mm_encoder_call_images_sum"
+                    and s.labels["path"] == "batched"
+                ):
                     key = tuple(sorted(s.labels.items()))
                     assert key not in seen, "two groups wrote the same series"
                     seen[key] = s.value

@@ -39,7 +39,11 @@ def _worker(rank, world_size, init_method):
 
     from sglang.srt.observability import vit_batch_metrics as M
     from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
-    from sglang.srt.runtime_context import get_observability, get_parallel, get_server_args
+    from sglang.srt.runtime_context import (
+        get_observability,
+        get_parallel,
+        get_server_args,
+    )
 
     T.publish_cpu_context(
         enable_metrics=True,
@@ -60,8 +64,14 @@ def _worker(rank, world_size, init_method):
     def calls_after_one_record(cp_rank, all_schedulers):
         before = _calls(generate_latest(REGISTRY).decode())
         # Attention-CP 2 at attention-TP 1: TP rank r is CP rank r.
-        cp = dict(tp_size=2, tp_rank=cp_rank, attn_cp_size=2, attn_cp_rank=cp_rank,
-                  moe_tp_size=2, moe_tp_rank=cp_rank)
+        cp = dict(
+            tp_size=2,
+            tp_rank=cp_rank,
+            attn_cp_size=2,
+            attn_cp_rank=cp_rank,
+            moe_tp_size=2,
+            moe_tp_rank=cp_rank,
+        )
         with get_parallel().override(**cp), get_observability().override(
             enable_metrics_for_all_schedulers=all_schedulers
         ):
@@ -73,9 +83,7 @@ def _worker(rank, world_size, init_method):
         for cp in (0, 1)
         for every in (False, True)
     }
-    out["label_names"] = sorted(
-        json.loads(json.dumps(list(M._collector().labels)))
-    )
+    out["label_names"] = sorted(json.loads(json.dumps(list(M._collector().labels))))
     return out
 
 

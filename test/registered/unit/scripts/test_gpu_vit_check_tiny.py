@@ -30,9 +30,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 import gpu_vit_check as G
+import pytest
 
 REPO = Path(__file__).resolve().parents[4]
 SCRIPT = REPO / "benchmark" / "gpu_check" / "gpu_vit_check.py"
@@ -72,7 +71,8 @@ def _table_rows(markdown: str, first_header: str):
 # peak memory, the embedding cache's bytes when the measurement starts (read
 # right before the start value: anything cached then would be freed inside the
 # measurement and lower the peak). Nothing the check computes is replaced.
-_OBSERVED_RUN = textwrap.dedent("""
+_OBSERVED_RUN = textwrap.dedent(
+    """
     import contextlib, json, logging, sys
     scripts, observed_path, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
     sys.path.insert(0, scripts)
@@ -117,7 +117,8 @@ _OBSERVED_RUN = textwrap.dedent("""
         with open(observed_path, "w") as f:
             json.dump(steps, f)
     sys.exit(status)
-""")
+"""
+)
 
 
 @pytest.fixture(scope="module")
@@ -126,12 +127,30 @@ def run(tmp_path_factory):
     out, probe, observed = work / "out", work / "observed_run.py", work / "steps.json"
     probe.write_text(_OBSERVED_RUN)
     # MALLOC_* set as the check sets them: its _prepare_process must not re-exec.
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        MALLOC_MMAP_THRESHOLD_="131072",
+        MALLOC_TRIM_THRESHOLD_="131072",
+    )
     proc = subprocess.run(
-        [sys.executable, str(probe), str(SCRIPT.parent), str(observed),
-         "--tiny", "--repeats", str(REPEATS), "--out", str(out)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(probe),
+            str(SCRIPT.parent),
+            str(observed),
+            "--tiny",
+            "--repeats",
+            str(REPEATS),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "gpu_vit_check.json").read_text())
@@ -149,8 +168,12 @@ def _encoder_call_line(path, images, patches):
 
 def _burst_steps(report, steps, **match):
     """The observed steps on the check's burst whose settings match ``match``."""
-    found = [s for s in steps if s["requests"] == report["requests"]
-             and all(s[k] == v for k, v in match.items())]
+    found = [
+        s
+        for s in steps
+        if s["requests"] == report["requests"]
+        and all(s[k] == v for k, v in match.items())
+    ]
     assert found, match
     return found
 
@@ -162,7 +185,10 @@ def test_per_request_and_batched_steps_are_the_series_two_paths(run):
     assert report["patches"] == sum(t * h * w for t, h, w in report["grids"])
     by_path = {s["path"]: s for s in report["steps"]}
     assert set(by_path) == {"per-request", "batched"}
-    assert by_path["per-request"]["calls"] == n and by_path["per-request"]["images_max"] == 1
+    assert (
+        by_path["per-request"]["calls"] == n
+        and by_path["per-request"]["images_max"] == 1
+    )
     assert by_path["batched"]["calls"] == 1 and by_path["batched"]["images_max"] == n
     counts = [t * h * w for t, h, w in report["grids"]]
     assert by_path["per-request"]["call_patches"] == [[c] for c in counts]
@@ -173,8 +199,12 @@ def test_per_request_and_batched_steps_are_the_series_two_paths(run):
     # What ran: with the gate pinned off, the series' per-request path, one
     # call per request; pinned on, its cross-request call with every request.
     for step in _burst_steps(report, steps, batched=False):
-        assert step["lines"] == [_encoder_call_line("per_request", 1, c) for c in counts]
-    for step in _burst_steps(report, steps, batched=True, cap=None, deterministic=False):
+        assert step["lines"] == [
+            _encoder_call_line("per_request", 1, c) for c in counts
+        ]
+    for step in _burst_steps(
+        report, steps, batched=True, cap=None, deterministic=False
+    ):
         assert step["lines"] == [_encoder_call_line("batched", n, sum(counts))]
 
 
@@ -193,8 +223,13 @@ def test_cap_rows_are_the_series_capped_calls_measured_from_an_empty_cache(run):
             assert row["cap"] is None or sum(call) <= row["cap"] or len(call) == 1, row
         assert row["patches_max"] == max(sum(call) for call in row["call_patches"])
         # Each of the row's steps made those calls on the series' batched path.
-        expected = [_encoder_call_line("batched", len(call), sum(call)) for call in row["call_patches"]]
-        row_steps = _burst_steps(report, steps, batched=True, cap=row["cap"], deterministic=False)
+        expected = [
+            _encoder_call_line("batched", len(call), sum(call))
+            for call in row["call_patches"]
+        ]
+        row_steps = _burst_steps(
+            report, steps, batched=True, cap=row["cap"], deterministic=False
+        )
         for step in row_steps:
             assert step["lines"] == expected, row["cap"]
         # One peak measurement per row, after the previous step's embeddings
@@ -222,7 +257,11 @@ def test_bf16_batched_vs_alone_rows(run):
 def test_sdpa_rows_launch_once_per_distinct_size(run):
     report, _ = run
     rows = report["sdpa"]
-    assert [r["layout"] for r in rows] == ["one size", "2 sizes alternating", "4 distinct sizes"]
+    assert [r["layout"] for r in rows] == [
+        "one size",
+        "2 sizes alternating",
+        "4 distinct sizes",
+    ]
     assert [r["distinct_sizes"] for r in rows] == [1, 2, 4]
     for r in rows:
         assert r["backend"] == "sdpa" and r["images"] == 4
@@ -246,32 +285,87 @@ def _built_report():
     def ms():
         return rng.uniform(0.5, 900.0)
 
-    report = dict(device="CPU (2 cores, test)", tiny=True, dtype="bfloat16", vision=G.TINY_VISION,
-                  attention_backend="sdpa (VisionSdpaAttention)", requests=6, patches=480,
-                  build_s=ms(), complete=False, sections_done=[])
+    report = dict(
+        device="CPU (2 cores, test)",
+        tiny=True,
+        dtype="bfloat16",
+        vision=G.TINY_VISION,
+        attention_backend="sdpa (VisionSdpaAttention)",
+        requests=6,
+        patches=480,
+        build_s=ms(),
+        complete=False,
+        sections_done=[],
+    )
     sections = dict(
-        steps=[dict(path=path, calls=calls, images_mean=6 / calls, images_max=images_max,
-                    first_ms=ms(), warm_median_ms=ms())
-               for path, calls, images_max in (("per-request", 6, 1), ("batched", 1, 6))],
-        caps=[dict(cap=cap, calls=calls, images_mean=6 / calls, images_max=6 // calls,
-                   patches_max=480 // calls, step_ms=ms(), peak_mib=rng.uniform(1, 50))
-              for cap, calls in ((80, 6), (160, 3), (None, 1))],
-        diffs=[dict(dtype="bfloat16", deterministic=det, calls=calls, step_ms=ms(),
-                    bitwise_equal_images=equal, images=6, max_abs_diff=diff,
-                    mean_token_cosine=1 - rng.uniform(0, 1e-3) * (not det),
-                    min_token_cosine=1 - rng.uniform(1e-3, 1e-2) * (not det), bitwise=det)
-               for det, calls, equal, diff in ((False, 1, 2, rng.uniform(1e-3, 1e-1)), (True, 6, 6, 0.0))],
-        sdpa=[dict(backend="sdpa", layout=layout, images=4, distinct_sizes=sizes, patches=64 * 4,
-                   batched_sdpa_per_layer=sizes, per_request_sdpa_per_layer=1, batched_ms=ms(),
-                   per_request_ms=ms())
-              for layout, sizes in (("one size", 1), ("2 sizes alternating", 2), ("4 distinct sizes", 4))],
+        steps=[
+            dict(
+                path=path,
+                calls=calls,
+                images_mean=6 / calls,
+                images_max=images_max,
+                first_ms=ms(),
+                warm_median_ms=ms(),
+            )
+            for path, calls, images_max in (("per-request", 6, 1), ("batched", 1, 6))
+        ],
+        caps=[
+            dict(
+                cap=cap,
+                calls=calls,
+                images_mean=6 / calls,
+                images_max=6 // calls,
+                patches_max=480 // calls,
+                step_ms=ms(),
+                peak_mib=rng.uniform(1, 50),
+            )
+            for cap, calls in ((80, 6), (160, 3), (None, 1))
+        ],
+        diffs=[
+            dict(
+                dtype="bfloat16",
+                deterministic=det,
+                calls=calls,
+                step_ms=ms(),
+                bitwise_equal_images=equal,
+                images=6,
+                max_abs_diff=diff,
+                mean_token_cosine=1 - rng.uniform(0, 1e-3) * (not det),
+                min_token_cosine=1 - rng.uniform(1e-3, 1e-2) * (not det),
+                bitwise=det,
+            )
+            for det, calls, equal, diff in (
+                (False, 1, 2, rng.uniform(1e-3, 1e-1)),
+                (True, 6, 6, 0.0),
+            )
+        ],
+        sdpa=[
+            dict(
+                backend="sdpa",
+                layout=layout,
+                images=4,
+                distinct_sizes=sizes,
+                patches=64 * 4,
+                batched_sdpa_per_layer=sizes,
+                per_request_sdpa_per_layer=1,
+                batched_ms=ms(),
+                per_request_ms=ms(),
+            )
+            for layout, sizes in (
+                ("one size", 1),
+                ("2 sizes alternating", 2),
+                ("4 distinct sizes", 4),
+            )
+        ],
         graphs=G.graph_rows(None, None, G.Device("cpu"), None),
     )
     return report, sections
 
 
-@pytest.mark.control(reason="harness: the check writes each section's files as it ends (its writer "
-                            "on a report built in the test)")
+@pytest.mark.control(
+    reason="harness: the check writes each section's files as it ends (its writer "
+    "on a report built in the test)"
+)
 def test_each_section_is_written_on_its_own(tmp_path, monkeypatch):
     monkeypatch.delenv("GPU_VIT_CHECK_TEST_PAUSE_AFTER", raising=False)
     report, sections = _built_report()
@@ -284,52 +378,93 @@ def test_each_section_is_written_on_its_own(tmp_path, monkeypatch):
         section = json.loads((out / f"{n:02d}-{name}.json").read_text())
         assert section[name] == report[name] and section["device"] == report["device"]
         whole = json.loads((out / "gpu_vit_check.json").read_text())
-        assert whole["sections_done"] == SECTION_NAMES[:n] and whole["complete"] is False
+        assert (
+            whole["sections_done"] == SECTION_NAMES[:n] and whole["complete"] is False
+        )
         assert set(SECTION_NAMES[n:]).isdisjoint(whole)
         markdown = (out / "gpu_vit_check.md").read_text()
         assert (out / f"{n:02d}-{name}.md").read_text().strip() in markdown
         missing = [title for key, title in G.SECTIONS[n:]]
-        assert f"INCOMPLETE (running); not measured: {'; '.join(missing) or 'nothing'}." in markdown
+        assert (
+            f"INCOMPLETE (running); not measured: {'; '.join(missing) or 'nothing'}."
+            in markdown
+        )
     report["complete"] = True
     files.report(report)
     markdown = (out / "gpu_vit_check.md").read_text()
     assert "INCOMPLETE" not in markdown
     # No GPU: the CUDA-graph section says so instead of measuring.
-    assert report["graphs"] == {"skipped": "CUDA graphs need a GPU (--device cuda)", "rows": []}
-    assert "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1): skipped: CUDA graphs need a GPU" in markdown
+    assert report["graphs"] == {
+        "skipped": "CUDA graphs need a GPU (--device cuda)",
+        "rows": [],
+    }
+    assert (
+        "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1): skipped: CUDA graphs need a GPU"
+        in markdown
+    )
 
 
-@pytest.mark.control(reason="harness: the check's markdown shows the numbers of its JSON (on a report "
-                            "built in the test)")
+@pytest.mark.control(
+    reason="harness: the check's markdown shows the numbers of its JSON (on a report "
+    "built in the test)"
+)
 def test_markdown_shows_the_json():
     report, sections = _built_report()
     report.update(sections, complete=True)
     markdown = G.to_markdown(report)
     steps = _table_rows(markdown, "path")
     assert [(r[0], int(r[1]), r[3], r[4]) for r in steps] == [
-        (s["path"], s["calls"], f"{s['first_ms']:.1f}", f"{s['warm_median_ms']:.1f}") for s in report["steps"]
+        (s["path"], s["calls"], f"{s['first_ms']:.1f}", f"{s['warm_median_ms']:.1f}")
+        for s in report["steps"]
     ]
     caps = _table_rows(markdown, "cap")
     assert [(r[0], int(r[1]), r[5]) for r in caps] == [
-        ("none" if c["cap"] is None else str(c["cap"]), c["calls"], f"{c['peak_mib']:.1f}") for c in report["caps"]
+        (
+            "none" if c["cap"] is None else str(c["cap"]),
+            c["calls"],
+            f"{c['peak_mib']:.1f}",
+        )
+        for c in report["caps"]
     ]
     diffs = _table_rows(markdown, "dtype")
     assert [(r[0], r[1], r[4], r[5]) for r in diffs] == [
-        ("bfloat16", "on" if d["deterministic"] else "off",
-         f"{d['bitwise_equal_images']} / {d['images']}", f"{d['max_abs_diff']:.3g}") for d in report["diffs"]
+        (
+            "bfloat16",
+            "on" if d["deterministic"] else "off",
+            f"{d['bitwise_equal_images']} / {d['images']}",
+            f"{d['max_abs_diff']:.3g}",
+        )
+        for d in report["diffs"]
     ]
     sdpa = _table_rows(markdown, "backend")
     assert [(r[0], r[1], r[3], r[4]) for r in sdpa] == [
-        (s["backend"], s["layout"], f"{s['batched_sdpa_per_layer']:g} / {s['per_request_sdpa_per_layer']:g}",
-         f"{s['batched_ms']:.1f}") for s in report["sdpa"]
+        (
+            s["backend"],
+            s["layout"],
+            f"{s['batched_sdpa_per_layer']:g} / {s['per_request_sdpa_per_layer']:g}",
+            f"{s['batched_ms']:.1f}",
+        )
+        for s in report["sdpa"]
     ]
 
 
 @pytest.mark.control(reason="argument checks of the script")
-@pytest.mark.parametrize("bad", [["--caps", "0"], ["--burst", "100x64:2"], ["--repeats", "0"], ["--sdpa-images", "1"]])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--caps", "0"],
+        ["--burst", "100x64:2"],
+        ["--repeats", "0"],
+        ["--sdpa-images", "1"],
+    ],
+)
 def test_bad_input_is_one_clear_line(bad):
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", *bad], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, str(SCRIPT), "--tiny", *bad],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]

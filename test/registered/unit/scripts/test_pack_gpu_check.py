@@ -41,7 +41,8 @@ from packaging.requirements import Requirement
 # test's path: these tests pass or fail alike on pristine SGLang.
 pytestmark = pytest.mark.control(
     reason="runs the archive's own patched sglang copy (and the runner, packer, stand-ins), "
-           "independent of the SGLang under test")
+    "independent of the SGLang under test"
+)
 
 REPO = Path(__file__).resolve().parents[4]
 GPU_CHECK = REPO / "benchmark" / "gpu_check"
@@ -79,8 +80,13 @@ def _torch_only_dir(dest: Path) -> Path:
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory):
     out = tmp_path_factory.mktemp("pack") / "gpu_vit_check_bare.pyz"
-    proc = subprocess.run([sys.executable, str(PACK), "--python", PY, "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(PACK), "--python", PY, "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return out
 
@@ -91,13 +97,18 @@ def test_archive_is_one_file_under_64_mib_with_the_current_series(archive):
         names = set(z.namelist())
         manifest = json.loads(z.read("manifest.json"))
         stamp = json.loads(z.read("site/sglang/.fork-series/stamp.json"))
-    series = [ln.strip() for ln in (REPO / "patches" / "series").read_text().splitlines()
-              if ln.strip() and not ln.strip().startswith("#")]
+    series = [
+        ln.strip()
+        for ln in (REPO / "patches" / "series").read_text().splitlines()
+        if ln.strip() and not ln.strip().startswith("#")
+    ]
     assert stamp["patches"] == series == manifest["series"]["patches"]
     assert "__main__.py" in names and "scripts/gpu_vit_check.py" in names
     # No compiled extension of the sglang wheel, and compiled wheels only in site-cpXY/.
     compiled_dir = f"site-{manifest['compiled_python']}/"
-    assert not [n for n in names if n.endswith(".so") and not n.startswith(compiled_dir)]
+    assert not [
+        n for n in names if n.endswith(".so") and not n.startswith(compiled_dir)
+    ]
     assert "site/sglang/srt/managers/mm_schedule.py" in names
 
 
@@ -123,23 +134,54 @@ def _old_typing_extensions(dest: Path) -> Path:
     import typing_extensions
 
     dest.mkdir()
-    (dest / "typing_extensions.py").write_text(Path(typing_extensions.__file__).read_text())
+    (dest / "typing_extensions.py").write_text(
+        Path(typing_extensions.__file__).read_text()
+    )
     info = dest / "typing_extensions-4.10.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: typing_extensions\nVersion: 4.10.0\n")
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: typing_extensions\nVersion: 4.10.0\n"
+    )
     return dest
 
 
-def test_runs_the_check_with_only_the_archive_and_torch(archive, unpacked, torch_only, workdir, tmp_path):
+def test_runs_the_check_with_only_the_archive_and_torch(
+    archive, unpacked, torch_only, workdir, tmp_path
+):
     torch_dir = torch_only
     old_te = _old_typing_extensions(tmp_path / "old-te")
     out, work = tmp_path / "out" / "not" / "there" / "yet", workdir
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
-           "PYTHONPATH": f"{old_te}{os.pathsep}{torch_dir}", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
-    cmd = [sys.executable, "-S", "-s", str(archive), "--workdir", str(work), "--tiny", "--device", "cpu",
-           "--repeats", "1", "--burst", "64x64:2,128x128:1", "--caps", "64,none", "--sdpa-images", "2",
-           "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": f"{old_te}{os.pathsep}{torch_dir}",
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp_path),
+    }
+    cmd = [
+        sys.executable,
+        "-S",
+        "-s",
+        str(archive),
+        "--workdir",
+        str(work),
+        "--tiny",
+        "--device",
+        "cpu",
+        "--repeats",
+        "1",
+        "--burst",
+        "64x64:2,128x128:1",
+        "--caps",
+        "64,none",
+        "--sdpa-images",
+        "2",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     record = json.loads((out / "bare_runner.json").read_text())
@@ -149,17 +191,27 @@ def test_runs_the_check_with_only_the_archive_and_torch(archive, unpacked, torch
     for name in ("sglang", "transformers", "numpy"):
         assert record["modules"][name].startswith(root), record["modules"]
     assert record["modules"]["torch"].startswith(str(torch_dir)), record["modules"]
-    assert not [p for p in record["sys_path"] if p.startswith(site) and "site-packages" in p], record["sys_path"]
+    assert not [
+        p for p in record["sys_path"] if p.startswith(site) and "site-packages" in p
+    ], record["sys_path"]
     with zipfile.ZipFile(archive) as z:
         standins = json.loads(z.read("manifest.json"))["standins"]
     assert set(record["standins_installed"]) <= set(standins)
-    assert record["exit_status"] == 0 and record["error"] is None and record["stopped"] is None
+    assert (
+        record["exit_status"] == 0
+        and record["error"] is None
+        and record["stopped"] is None
+    )
 
     # The import check found the box's typing_extensions too old and put the packed one first.
     pre = json.loads((out / "preflight.json").read_text())
-    assert pre["error"] is None and pre["fallback_used"] == ["typing-extensions 4.16.0 (the box has 4.10.0)"]
+    assert pre["error"] is None and pre["fallback_used"] == [
+        "typing-extensions 4.16.0 (the box has 4.10.0)"
+    ]
     assert pre["conflicts"] == [] and "sglang.srt.models.qwen3_vl" in pre["imported"]
-    assert record["modules"]["typing_extensions"] == os.path.join(root, "fallback", "typing_extensions.py")
+    assert record["modules"]["typing_extensions"] == os.path.join(
+        root, "fallback", "typing_extensions.py"
+    )
 
     # The environment file: the box's versions, from metadata.
     env_rec = json.loads((out / "env.json").read_text())
@@ -174,30 +226,73 @@ def test_runs_the_check_with_only_the_archive_and_torch(archive, unpacked, torch
     assert [c["cap"] for c in report["caps"]] == [64, None]
     assert report["complete"] is True
     assert report["sections_done"] == ["steps", "caps", "diffs", "sdpa", "graphs"]
-    assert record["sections_on_disk"] == ["01-steps.json", "02-caps.json", "03-diffs.json", "04-sdpa.json",
-                                          "05-graphs.json"]
+    assert record["sections_on_disk"] == [
+        "01-steps.json",
+        "02-caps.json",
+        "03-diffs.json",
+        "04-sdpa.json",
+        "05-graphs.json",
+    ]
     # The section files hold what the whole report holds.
     assert json.loads((out / "02-caps.json").read_text())["caps"] == report["caps"]
-    assert report["graphs"] == {"skipped": "CUDA graphs need a GPU (--device cuda)", "rows": []}
+    assert report["graphs"] == {
+        "skipped": "CUDA graphs need a GPU (--device cuda)",
+        "rows": [],
+    }
     assert (out / "gpu_vit_check.md").read_text().startswith("Device: CPU")
 
 
-def test_sigterm_between_sections_leaves_the_finished_ones(unpacked, torch_only, tmp_path):
+def test_sigterm_between_sections_leaves_the_finished_ones(
+    unpacked, torch_only, tmp_path
+):
     """The unpacked archive's runner, stopped by SIGTERM (as ``timeout`` does)
     after the second section: the two finished sections are on disk, the
     report says it was stopped and what was not measured."""
     runner = unpacked / "run_gpu_check.py"
     out = tmp_path / "new" / "out"
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHONPATH": str(torch_only),
-           "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path), "GPU_VIT_CHECK_TEST_PAUSE_AFTER": "caps",
-           "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
-    proc = subprocess.Popen([sys.executable, "-S", "-s", str(runner), "--tiny", "--device", "cpu", "--repeats", "1",
-                             "--burst", "64x64:2,128x128:1", "--caps", "64,none", "--sdpa-images", "2",
-                             "--out", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(torch_only),
+        "OMP_NUM_THREADS": "1",
+        "TMPDIR": str(tmp_path),
+        "GPU_VIT_CHECK_TEST_PAUSE_AFTER": "caps",
+        "MALLOC_MMAP_THRESHOLD_": "131072",
+        "MALLOC_TRIM_THRESHOLD_": "131072",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-S",
+            "-s",
+            str(runner),
+            "--tiny",
+            "--device",
+            "cpu",
+            "--repeats",
+            "1",
+            "--burst",
+            "64x64:2,128x128:1",
+            "--caps",
+            "64,none",
+            "--sdpa-images",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
-        while not (out / "02-caps.md").exists() and proc.poll() is None and time.monotonic() < deadline:
+        while (
+            not (out / "02-caps.md").exists()
+            and proc.poll() is None
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert (out / "02-caps.md").exists(), "the caps section never finished"
@@ -211,8 +306,19 @@ def test_sigterm_between_sections_leaves_the_finished_ones(unpacked, torch_only,
     assert "stopped by signal" in stderr and "finished sections: steps, caps" in stderr
 
     names = sorted(p.name for p in out.iterdir())
-    assert [n for n in names if n[:2].isdigit()] == ["01-steps.json", "01-steps.md", "02-caps.json", "02-caps.md"]
-    assert {"env.json", "env.md", "preflight.json", "bare_runner.json", "gpu_vit_check.json"} <= set(names)
+    assert [n for n in names if n[:2].isdigit()] == [
+        "01-steps.json",
+        "01-steps.md",
+        "02-caps.json",
+        "02-caps.md",
+    ]
+    assert {
+        "env.json",
+        "env.md",
+        "preflight.json",
+        "bare_runner.json",
+        "gpu_vit_check.json",
+    } <= set(names)
     steps = json.loads((out / "01-steps.json").read_text())["steps"]
     assert [s["path"] for s in steps] == ["per-request", "batched"]
     report = json.loads((out / "gpu_vit_check.json").read_text())
@@ -220,13 +326,20 @@ def test_sigterm_between_sections_leaves_the_finished_ones(unpacked, torch_only,
     assert report["sections_done"] == ["steps", "caps"] and "diffs" not in report
     md = (out / "gpu_vit_check.md").read_text()
     assert "| per-request | 3 |" in md and "INCOMPLETE (stopped by signal" in md
-    assert "not measured: batched vs each image alone; SDPA vision backend launches; ViT CUDA graphs" in md
+    assert (
+        "not measured: batched vs each image alone; SDPA vision backend launches; ViT CUDA graphs"
+        in md
+    )
     record = json.loads((out / "bare_runner.json").read_text())
-    assert record["exit_status"] == 143 and record["stopped"].startswith("SIGTERM during the check")
+    assert record["exit_status"] == 143 and record["stopped"].startswith(
+        "SIGTERM during the check"
+    )
     assert record["sections_on_disk"] == ["01-steps.json", "02-caps.json"]
 
 
-def test_a_box_without_triton_stops_at_the_import_check(archive, unpacked, torch_only, workdir, tmp_path):
+def test_a_box_without_triton_stops_at_the_import_check(
+    archive, unpacked, torch_only, workdir, tmp_path
+):
     """--device cuda with a C compiler picks triton_attn; with no triton on the
     box the import check names it before any model is built (exit 3)."""
     no_triton = tmp_path / "no-triton"
@@ -239,17 +352,48 @@ def test_a_box_without_triton_stops_at_the_import_check(archive, unpacked, torch
     (bin_dir / "cc").write_text("#!/bin/sh\necho 'cc (fake) 1.0'\n")
     (bin_dir / "cc").chmod(0o755)
     out = tmp_path / "out"
-    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "PYTHONPATH": str(no_triton), "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-S", "-s", str(archive), "--workdir", str(workdir), "--device", "cuda",
-                           "--out", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        "PATH": str(bin_dir),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(no_triton),
+        "TMPDIR": str(tmp_path),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-s",
+            str(archive),
+            "--workdir",
+            str(workdir),
+            "--device",
+            "cuda",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("run_gpu_check: preflight: importing triton failed") and "missing module: triton" in last
+    assert (
+        last.startswith("run_gpu_check: preflight: importing triton failed")
+        and "missing module: triton" in last
+    )
     pre = json.loads((out / "preflight.json").read_text())
     assert pre["imported"] == ["torch"]
-    assert not [p for p in out.iterdir() if p.name[:2].isdigit() or p.name.startswith("gpu_vit_check")]
-    assert json.loads((out / "env.json").read_text())["compiler"] == {"path": str(bin_dir / "cc"),
-                                                                      "version": "cc (fake) 1.0"}
+    assert not [
+        p
+        for p in out.iterdir()
+        if p.name[:2].isdigit() or p.name.startswith("gpu_vit_check")
+    ]
+    assert json.loads((out / "env.json").read_text())["compiler"] == {
+        "path": str(bin_dir / "cc"),
+        "version": "cc (fake) 1.0",
+    }
     assert json.loads((out / "bare_runner.json").read_text())["exit_status"] == 3
 
 
@@ -259,7 +403,9 @@ def torch_only(tmp_path_factory):
 
 
 @pytest.mark.parametrize("compiler", [True, False])
-def test_cuda_default_backend_on_a_bare_box(archive, unpacked, torch_only, workdir, tmp_path, compiler):
+def test_cuda_default_backend_on_a_bare_box(
+    archive, unpacked, torch_only, workdir, tmp_path, compiler
+):
     """--device cuda with no backend given: triton_attn when a C compiler is on
     PATH, else sdpa with torch.compile off. This CPU has no GPU, so the check
     itself stops with its one-line error (exit 2) after the runner's choice."""
@@ -270,15 +416,38 @@ def test_cuda_default_backend_on_a_bare_box(archive, unpacked, torch_only, workd
         cc.write_text("#!/bin/sh\nexit 1\n")
         cc.chmod(0o755)
     out = tmp_path / "out"
-    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "PYTHONPATH": str(torch_only), "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-S", "-s", str(archive), "--workdir", str(workdir),
-                           "--device", "cuda", "--out", str(out)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        "PATH": str(bin_dir),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(torch_only),
+        "TMPDIR": str(tmp_path),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-s",
+            str(archive),
+            "--workdir",
+            str(workdir),
+            "--device",
+            "cuda",
+            "--out",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "torch sees no GPU" in proc.stderr.strip().splitlines()[-1]
     record = json.loads((out / "bare_runner.json").read_text())
     args = record["check_args"]
-    assert args[args.index("--mm-attention-backend") + 1] == ("triton_attn" if compiler else "sdpa")
+    assert args[args.index("--mm-attention-backend") + 1] == (
+        "triton_attn" if compiler else "sdpa"
+    )
     assert any("TORCHDYNAMO_DISABLE" in n for n in record["notes"]) is (not compiler)
 
 
@@ -322,10 +491,20 @@ def test_cuda_branch_imports_resolve_from_the_archive(unpacked, torch_only, tmp_
     work = unpacked
     probe = tmp_path / "cuda_imports.py"
     probe.write_text(_CUDA_IMPORTS)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHONPATH": str(torch_only),
-           "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-S", "-s", str(probe), str(work)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(torch_only),
+        "TMPDIR": str(tmp_path),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-S", "-s", str(probe), str(work)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["sglang"].startswith(str(work)) and seen["compiled"]
@@ -361,8 +540,12 @@ print(json.dumps(out))
 def test_standins_raise_when_used_and_look_absent_to_probes(tmp_path):
     probe = tmp_path / "standins.py"
     probe.write_text(_STANDIN_BEHAVIOUR)
-    proc = subprocess.run([sys.executable, str(probe), str(GPU_CHECK)], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(probe), str(GPU_CHECK)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "fork_absent_pkg.rmsnorm" in out["called"]
@@ -371,13 +554,20 @@ def test_standins_raise_when_used_and_look_absent_to_probes(tmp_path):
     assert out["used"] == ["fork_absent_pkg"]
 
 
-@pytest.mark.parametrize("bad,message", [
-    (["--python", "twelve"], "--python must look like 3.12"),
-    (["--max-mib", "1"], "over --max-mib 1"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (["--python", "twelve"], "--python must look like 3.12"),
+        (["--max-mib", "1"], "over --max-mib 1"),
+    ],
+)
 def test_bad_input_is_one_line_and_leaves_no_file(tmp_path, bad, message):
     out = tmp_path / "x.pyz"
-    cmd = [sys.executable, str(PACK), "--out", str(out)] + (["--python", PY] if bad[0] != "--python" else []) + bad
+    cmd = (
+        [sys.executable, str(PACK), "--out", str(out)]
+        + (["--python", PY] if bad[0] != "--python" else [])
+        + bad
+    )
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2
     assert message in proc.stderr.strip().splitlines()[-1], proc.stderr

@@ -19,16 +19,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import lint_series as L
+import pytest
 
 REPO = Path(__file__).resolve().parents[4]
 SCRIPT = REPO / "scripts" / "lint_series.py"
-MODIFIED = "sglang/srt/managers/mm_schedule.py"  # pristine upstream file the series edits
+MODIFIED = (
+    "sglang/srt/managers/mm_schedule.py"  # pristine upstream file the series edits
+)
 CREATED = "sglang/srt/multimodal/vit_batching.py"  # a module the series adds
 
-pytestmark = pytest.mark.control(reason="the series lint: it builds its own trees from the wheel, whatever sglang the venv imports")
+pytestmark = pytest.mark.control(
+    reason="the series lint: it builds its own trees from the wheel, whatever sglang the venv imports"
+)
 
 
 def test_current_series_passes_sglang_lint():
@@ -37,7 +40,9 @@ def test_current_series_passes_sglang_lint():
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    verdicts = [ln for ln in proc.stdout.splitlines() if ln.startswith(("ok ", "FAIL "))]
+    verdicts = [
+        ln for ln in proc.stdout.splitlines() if ln.startswith(("ok ", "FAIL "))
+    ]
     # one verdict per Python file of the series, the new modules among them
     assert len(verdicts) == len(L.series_files()) >= 2, out
     assert all(v.startswith("ok ") for v in verdicts), out
@@ -93,7 +98,9 @@ def test_misformatted_added_line_in_a_modified_file_fails_black(tampered):
     # and the CLI says so, naming the file and the line, exit 1
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "-v", "--tree", copy, "--pristine", pristine],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"FAIL  {MODIFIED}" in proc.stdout and f"black L{n}:" in proc.stdout
@@ -113,7 +120,11 @@ def test_bad_import_order_in_an_added_line_fails_isort(tampered):
 def test_unused_import_in_an_added_line_fails_ruff(tampered):
     pristine, copy, insert = tampered
     lines = (Path(copy) / MODIFIED).read_text().splitlines()
-    n = insert(MODIFIED, len(lines), "\n\ndef _fork_probe():\n    import zlib\n\n    return None\n")
+    n = insert(
+        MODIFIED,
+        len(lines),
+        "\n\ndef _fork_probe():\n    import zlib\n\n    return None\n",
+    )
     verdict = L.lint_file(MODIFIED, pristine, copy)
     assert _findings(verdict) == [("ruff", n + 3)]
     assert verdict.findings[0].detail.startswith("F401")
@@ -122,7 +133,9 @@ def test_unused_import_in_an_added_line_fails_ruff(tampered):
 def test_undefined_name_in_a_new_file_fails_ruff_anywhere(tampered):
     pristine, copy, insert = tampered
     lines = (Path(copy) / CREATED).read_text().splitlines()
-    n = insert(CREATED, len(lines), "\n\ndef _fork_probe():\n    return undefined_fork_name\n")
+    n = insert(
+        CREATED, len(lines), "\n\ndef _fork_probe():\n    return undefined_fork_name\n"
+    )
     verdict = L.lint_file(CREATED, pristine, copy)
     assert verdict.new
     assert [(f.tool, f.line, f.detail.split()[0]) for f in verdict.findings] == [

@@ -31,7 +31,9 @@ MM_SCHEDULE = "sglang/srt/managers/mm_schedule.py"
 MM_UTILS = "sglang/srt/multimodal/mm_utils.py"
 GIT_ID = ["-c", "user.name=Series Test", "-c", "user.email=series-test@example.invalid"]
 
-pytestmark = pytest.mark.control(reason="the apply tool: it builds its own trees from the wheels, whatever sglang the venv imports")
+pytestmark = pytest.mark.control(
+    reason="the apply tool: it builds its own trees from the wheels, whatever sglang the venv imports"
+)
 
 
 # ---------------------------------------------------------------- helpers
@@ -93,8 +95,8 @@ def subject_of(patch: Path) -> str:
     """The Subject of a git-format patch, without "[PATCH] ", unfolded."""
     lines = patch.read_text().splitlines()
     i = next(i for i, l in enumerate(lines) if l.startswith("Subject: "))
-    subject = lines[i][len("Subject: "):]
-    for cont in lines[i + 1:]:
+    subject = lines[i][len("Subject: ") :]
+    for cont in lines[i + 1 :]:
         if not cont.startswith((" ", "\t")):
             break
         subject += " " + cont.strip()
@@ -153,7 +155,11 @@ def run(*args, series_dir=None, env=None, cwd=None):
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run(
-        cmd + [str(a) for a in args], capture_output=True, text=True, env=full_env, cwd=cwd
+        cmd + [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
     )
 
 
@@ -208,7 +214,9 @@ def copy_series(tmp_path, name="series") -> Path:
     return d
 
 
-def make_patch(workdir: Path, rel: str, before: bytes | None, after: bytes, subject: str) -> bytes:
+def make_patch(
+    workdir: Path, rel: str, before: bytes | None, after: bytes, subject: str
+) -> bytes:
     """A genuine git format-patch of one file change (made with git itself);
     before=None makes a patch that creates the file."""
     return make_commit_patch(workdir, {rel: (before, after)}, subject)
@@ -254,7 +262,9 @@ def assert_series_applied(tree: Path, before: dict):
     for rel in touched_by(PATCHES):
         assert after[rel] != before[rel], f"{rel} was not patched"
     for rel in created_by(PATCHES):
-        assert rel not in before and isinstance(after.get(rel), bytes), f"{rel} was not created"
+        assert rel not in before and isinstance(
+            after.get(rel), bytes
+        ), f"{rel} was not created"
 
 
 # ---------------------------------------------------------------- check / apply / revert
@@ -266,7 +276,10 @@ def test_check_real_series_on_pristine(pristine, version):
     before = snapshot(tree)
     r = run("check", "--target", tree)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"ok: {len(real_series_names())} patch(es) apply cleanly to sglang {version}" in r.stdout
+    assert (
+        f"ok: {len(real_series_names())} patch(es) apply cleanly to sglang {version}"
+        in r.stdout
+    )
     assert snapshot(tree) == before, "check must never write to the target"
 
 
@@ -274,12 +287,16 @@ def test_check_real_series_on_pristine(pristine, version):
 def test_apply_twice_then_revert_is_byte_identical(pristine, version):
     tree = pristine(version)
     before = snapshot(tree)
-    assert created_by(PATCHES), "the live series creates new modules; this test covers them"
+    assert created_by(
+        PATCHES
+    ), "the live series creates new modules; this test covers them"
     r = run("apply", "--target", tree)
     assert r.returncode == 0, r.stderr
     assert_series_applied(tree, before)
-    assert any(b"def hip_dp_encoder_batches_vit" in (tree / rel).read_bytes()
-               for rel in touched_by(PATCHES) | created_by(PATCHES))
+    assert any(
+        b"def hip_dp_encoder_batches_vit" in (tree / rel).read_bytes()
+        for rel in touched_by(PATCHES) | created_by(PATCHES)
+    )
     assert (tree / "sglang" / ".fork-series" / "stamp.json").is_file()
     after = snapshot(tree)
 
@@ -291,7 +308,14 @@ def test_apply_twice_then_revert_is_byte_identical(pristine, version):
     r = run("status", "--target", tree, "--json")
     assert r.returncode == 0, r.stderr
     st = json.loads(r.stdout)
-    assert {"target", "sglang_version", "applied", "current", "series_hash", "patches"} <= set(st)
+    assert {
+        "target",
+        "sglang_version",
+        "applied",
+        "current",
+        "series_hash",
+        "patches",
+    } <= set(st)
     assert st["sglang_version"] == version
     assert st["applied"] is True and st["current"] is True
     assert st["patches"] == real_series_names()
@@ -299,7 +323,9 @@ def test_apply_twice_then_revert_is_byte_identical(pristine, version):
 
     r = run("revert", "--target", tree)
     assert r.returncode == 0, r.stderr
-    assert snapshot(tree) == before, "revert must restore every byte and leave no extra files"
+    assert (
+        snapshot(tree) == before
+    ), "revert must restore every byte and leave no extra files"
     r = run("revert", "--target", tree)
     assert r.returncode == 0 and "not applied" in r.stdout
     st = json.loads(run("status", "--target", tree, "--json").stdout)
@@ -311,12 +337,19 @@ def test_failing_hunk_leaves_tree_untouched_and_check_names_it(pristine, tmp_pat
     series = copy_series(tmp_path)
     utils = (tree / MM_UTILS).read_bytes()
     # Patch 2: two hunks on lines the gate patch leaves alone; hunk #2 broken.
-    good = make_patch(tmp_path / "mk2", MM_UTILS, utils, edit_lines(utils, [12, 300]), "Second change")
+    good = make_patch(
+        tmp_path / "mk2", MM_UTILS, utils, edit_lines(utils, [12, 300]), "Second change"
+    )
     (series / "second-change.patch").write_bytes(break_hunk(good, 2))
     # Patch 3: fails too, on another file, so check must report both.
     version_py = (tree / "sglang" / "version.py").read_bytes()
-    third = make_patch(tmp_path / "mk3", "sglang/version.py", version_py,
-                       edit_lines(version_py, [3]), "Third change")
+    third = make_patch(
+        tmp_path / "mk3",
+        "sglang/version.py",
+        version_py,
+        edit_lines(version_py, [3]),
+        "Third change",
+    )
     (series / "third-change.patch").write_bytes(break_hunk(third, 1))
     (series / "series").write_text(f"{GATE}\nsecond-change.patch\nthird-change.patch\n")
     before = snapshot(tree)
@@ -325,8 +358,14 @@ def test_failing_hunk_leaves_tree_untouched_and_check_names_it(pristine, tmp_pat
     assert r.returncode == 1, r.stdout + r.stderr
     failed = [l for l in r.stdout.splitlines() if l.startswith("FAILED")]
     assert len(failed) == 2, r.stdout
-    assert "second-change.patch" in failed[0] and MM_UTILS in failed[0] and "hunk #2" in failed[0]
-    assert "hunk #1" not in failed[0], "hunk #1 of patch 2 applies and must not be reported"
+    assert (
+        "second-change.patch" in failed[0]
+        and MM_UTILS in failed[0]
+        and "hunk #2" in failed[0]
+    )
+    assert (
+        "hunk #1" not in failed[0]
+    ), "hunk #1 of patch 2 applies and must not be reported"
     assert "third-change.patch" in failed[1] and "sglang/version.py" in failed[1]
     assert "hunk #1" in failed[1]
     assert GATE not in r.stdout.replace("FAILED", "")
@@ -412,9 +451,15 @@ NEW_MOD = "sglang/srt/fork_extra/new_mod.py"
 
 def test_new_files_are_created_and_removed(pristine, tmp_path):
     tree = pristine("0.5.23")
-    series = one_patch_series(tmp_path, "adds", {
-        "add-new-mod.patch": make_patch(tmp_path / "mk", NEW_MOD, None, b"VALUE = 42\n", "Add new_mod"),
-    })
+    series = one_patch_series(
+        tmp_path,
+        "adds",
+        {
+            "add-new-mod.patch": make_patch(
+                tmp_path / "mk", NEW_MOD, None, b"VALUE = 42\n", "Add new_mod"
+            ),
+        },
+    )
     before = snapshot(tree)
 
     r = run("apply", "--target", tree, series_dir=series)
@@ -430,7 +475,9 @@ def test_new_files_are_created_and_removed(pristine, tmp_path):
 
     r = run("revert", "--target", tree)
     assert r.returncode == 0, r.stderr
-    assert snapshot(tree) == before, "revert must remove the new files and the dirs it created"
+    assert (
+        snapshot(tree) == before
+    ), "revert must remove the new files and the dirs it created"
 
     # A different file already at that path: check names it, apply refuses.
     dest.mkdir()
@@ -453,10 +500,19 @@ def test_old_stamp_with_overlay_files_counts_them_as_created(pristine, tmp_path)
     tree = pristine("0.5.23")
     pristine_state = snapshot(tree)
     utils = (tree / MM_UTILS).read_bytes()
-    old = one_patch_series(tmp_path, "old", {
-        "old-change.patch": make_patch(tmp_path / "mk-old", MM_UTILS, utils,
-                                       edit_lines(utils, [12]), "Old change"),
-    })
+    old = one_patch_series(
+        tmp_path,
+        "old",
+        {
+            "old-change.patch": make_patch(
+                tmp_path / "mk-old",
+                MM_UTILS,
+                utils,
+                edit_lines(utils, [12]),
+                "Old change",
+            ),
+        },
+    )
     assert run("apply", "--target", tree, series_dir=old).returncode == 0
     # What the old tool wrote on top: the overlay file, its directory and the
     # stamp keys "overlay" and "overlay_preexisting".
@@ -464,8 +520,11 @@ def test_old_stamp_with_overlay_files_counts_them_as_created(pristine, tmp_path)
     (tree / NEW_MOD).write_bytes(b"VALUE = 'from the old overlay'\n")
     stamp_path = tree / "sglang" / ".fork-series" / "stamp.json"
     stamp = json.loads(stamp_path.read_text())
-    stamp.update(overlay=[NEW_MOD], overlay_preexisting=[],
-                 created_dirs=stamp["created_dirs"] + ["sglang/srt/fork_extra"])
+    stamp.update(
+        overlay=[NEW_MOD],
+        overlay_preexisting=[],
+        created_dirs=stamp["created_dirs"] + ["sglang/srt/fork_extra"],
+    )
     stamp_path.write_text(json.dumps(stamp, indent=2) + "\n")
     old_state = snapshot(tree)
 
@@ -476,11 +535,20 @@ def test_old_stamp_with_overlay_files_counts_them_as_created(pristine, tmp_path)
     assert r.returncode == 0, r.stderr
     assert snapshot(reverted) == pristine_state
 
-    new = one_patch_series(tmp_path, "new", {
-        "old-change.patch": (old / "old-change.patch").read_bytes(),
-        "add-new-mod.patch": make_patch(tmp_path / "mk-new", NEW_MOD, None, b"VALUE = 'patched in'\n",
-                                        "Add new_mod"),
-    })
+    new = one_patch_series(
+        tmp_path,
+        "new",
+        {
+            "old-change.patch": (old / "old-change.patch").read_bytes(),
+            "add-new-mod.patch": make_patch(
+                tmp_path / "mk-new",
+                NEW_MOD,
+                None,
+                b"VALUE = 'patched in'\n",
+                "Add new_mod",
+            ),
+        },
+    )
     r = run("check", "--target", tree, series_dir=new)
     assert r.returncode == 0, r.stdout + r.stderr
     assert snapshot(tree) == old_state
@@ -489,7 +557,10 @@ def test_old_stamp_with_overlay_files_counts_them_as_created(pristine, tmp_path)
     assert (tree / NEW_MOD).read_bytes() == b"VALUE = 'patched in'\n"
     assert (tree / MM_UTILS).read_bytes() == edit_lines(utils, [12])
     st = json.loads(run("status", "--target", tree, "--json", series_dir=new).stdout)
-    assert st["current"] is True and st["patches"] == ["old-change.patch", "add-new-mod.patch"]
+    assert st["current"] is True and st["patches"] == [
+        "old-change.patch",
+        "add-new-mod.patch",
+    ]
     assert run("revert", "--target", tree).returncode == 0
     assert snapshot(tree) == pristine_state
 
@@ -541,14 +612,20 @@ def test_import_export_round_trip_and_edit_loop(pristine, tmp_path):
     r = run("import", "--target", work, series_dir=series)
     assert r.returncode == 0, r.stderr
     assert "export" in r.stdout and "--autosquash" in r.stdout
-    subjects = git(work, "log", "--reverse", "--format=%s", "upstream..HEAD").splitlines()
+    subjects = git(
+        work, "log", "--reverse", "--format=%s", "upstream..HEAD"
+    ).splitlines()
     assert subjects == [subject_of(series / n) for n in real_series_names()]
-    assert git(work, "rev-parse", "upstream") == git(work, "rev-parse", "upstream-0.5.23^{commit}")
+    assert git(work, "rev-parse", "upstream") == git(
+        work, "rev-parse", "upstream-0.5.23^{commit}"
+    )
     assert git(work, "status", "--porcelain") == ""
     # SGLang's repository layout: the package under python/, a test/ tree beside it.
     assert not (work / "sglang").exists() and (work / "test").is_dir()
     for rel in created_by(PATCHES):
-        assert (work / "python" / rel).is_file(), f"{rel} must be committed by the patch that creates it"
+        assert (
+            work / "python" / rel
+        ).is_file(), f"{rel} must be committed by the patch that creates it"
 
     r = run("export", "--target", work, series_dir=series)
     assert r.returncode == 0, r.stderr
@@ -558,28 +635,53 @@ def test_import_export_round_trip_and_edit_loop(pristine, tmp_path):
         # The same patch in the repository form: only the paths differ.
         assert exported[name] == to_repo_form(original[name]), name
     r = run("export", "--target", work, series_dir=series)
-    assert r.returncode == 0 and snapshot(series) == exported, "export twice writes the same bytes"
+    assert (
+        r.returncode == 0 and snapshot(series) == exported
+    ), "export twice writes the same bytes"
 
     # The loop: amend the gate patch with a fixup, add a patch with a new module.
-    gate = git(work, "log", "--format=%H", "-1", f"--grep={subject_of(series / GATE)}",
-               "--fixed-strings").strip()
+    gate = git(
+        work,
+        "log",
+        "--format=%H",
+        "-1",
+        f"--grep={subject_of(series / GATE)}",
+        "--fixed-strings",
+    ).strip()
     p = work / "python" / MM_UTILS
     p.write_text(p.read_text() + "\n# fixed up\n")
     git(work, "commit", "-q", f"--fixup={gate}", "--", f"python/{MM_UTILS}")
-    git(work, "rebase", "-q", "-i", "--autosquash", "upstream", env={"GIT_SEQUENCE_EDITOR": "true"})
+    git(
+        work,
+        "rebase",
+        "-q",
+        "-i",
+        "--autosquash",
+        "upstream",
+        env={"GIT_SEQUENCE_EDITOR": "true"},
+    )
     v = work / "python" / "sglang" / "version.py"
-    v.write_text(v.read_text() + "from sglang.srt.fork_extra.helper import helper  # noqa\n")
+    v.write_text(
+        v.read_text() + "from sglang.srt.fork_extra.helper import helper  # noqa\n"
+    )
     helper = work / "python" / "sglang" / "srt" / "fork_extra" / "helper.py"
     helper.parent.mkdir()
     helper.write_text("def helper():\n    return 2\n")
-    git(work, "add", "python/sglang/version.py", "python/sglang/srt/fork_extra/helper.py")
+    git(
+        work,
+        "add",
+        "python/sglang/version.py",
+        "python/sglang/srt/fork_extra/helper.py",
+    )
     git(work, "commit", "-q", "-m", "[ROCm] Import a helper in the version file")
 
     r = run("export", "--target", work, series_dir=series)
     assert r.returncode == 0, r.stderr
     names = (series / "series").read_text().splitlines()
     new_patch = (series / names[-1]).read_bytes()
-    assert names == real_series_names() + ["rocm-import-a-helper-in-the-version-file.patch"]
+    assert names == real_series_names() + [
+        "rocm-import-a-helper-in-the-version-file.patch"
+    ]
     assert (series / GATE).read_bytes() != exported[GATE]
     assert b"+# fixed up" in (series / GATE).read_bytes()
     assert b"Subject: [PATCH] [ROCm] Import a helper in the version file" in new_patch
@@ -592,7 +694,9 @@ def test_import_export_round_trip_and_edit_loop(pristine, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     r = run("apply", "--target", fresh, series_dir=series)
     assert r.returncode == 0, r.stderr
-    assert (fresh / "sglang" / "srt" / "fork_extra" / "helper.py").read_text() == helper.read_text()
+    assert (
+        fresh / "sglang" / "srt" / "fork_extra" / "helper.py"
+    ).read_text() == helper.read_text()
 
     # An empty commit would be an empty patch: refused, nothing written.
     git(work, "commit", "-q", "--allow-empty", "-m", "Nothing")
@@ -624,8 +728,12 @@ def test_import_refuses_existing_repo_and_names_conflicting_patch(pristine, tmp_
     # A tree where a patched line changed: git am stops and says how to go on.
     changed = pristine("0.5.23", "changed")
     p = changed / MM_SCHEDULE
-    p.write_text(p.read_text().replace("from sglang.srt.utils import is_hip, is_npu, is_xpu",
-                                       "from sglang.srt.utils import is_hip, is_npu, is_xpu, is_cuda"))
+    p.write_text(
+        p.read_text().replace(
+            "from sglang.srt.utils import is_hip, is_npu, is_xpu",
+            "from sglang.srt.utils import is_hip, is_npu, is_xpu, is_cuda",
+        )
+    )
     r = run("import", "--target", changed, series_dir=series)
     assert r.returncode == 2
     one_error_line(r, GATE, MM_SCHEDULE, "am --continue", "export")
@@ -650,7 +758,9 @@ def test_rebase_onto_new_release(pristine, tmp_path):
     (same / "sglang" / "version.py").write_text('__version__ = "0.5.24"\n')
     r = run("rebase", "--target", work, "--onto", same, series_dir=series)
     assert r.returncode == 0, r.stderr
-    assert git(work, "rev-parse", "upstream") == git(work, "rev-parse", "upstream-0.5.24^{commit}")
+    assert git(work, "rev-parse", "upstream") == git(
+        work, "rev-parse", "upstream-0.5.24^{commit}"
+    )
     assert run("export", "--target", work, series_dir=series).returncode == 0
     fresh = pristine("0.5.23", "fresh")
     (fresh / "sglang" / "version.py").write_text('__version__ = "0.5.24"\n')
@@ -661,8 +771,12 @@ def test_rebase_onto_new_release(pristine, tmp_path):
     newer = pristine("0.5.23", "newer")
     (newer / "sglang" / "version.py").write_text('__version__ = "0.5.24"\n')
     p = newer / MM_SCHEDULE
-    p.write_text(p.read_text().replace("from sglang.srt.utils import is_hip, is_npu, is_xpu",
-                                       "from sglang.srt.utils import is_hip, is_npu, is_xpu, is_cuda"))
+    p.write_text(
+        p.read_text().replace(
+            "from sglang.srt.utils import is_hip, is_npu, is_xpu",
+            "from sglang.srt.utils import is_hip, is_npu, is_xpu, is_cuda",
+        )
+    )
     r = run("rebase", "--target", work, "--onto", newer, series_dir=series)
     assert r.returncode == 2
     one_error_line(r, "0.5.24", GATE, MM_SCHEDULE, "rebase --continue", "export")
@@ -703,9 +817,19 @@ def make_commit_patch(workdir: Path, changes: dict, subject: str) -> bytes:
         git(workdir, "add", rel)
     git(workdir, "commit", "-q", "-m", subject)
     return subprocess.run(
-        ["git", "format-patch", "--stdout", "-1", "--no-numbered", "--zero-commit",
-         "--no-signature", "--no-stat"],
-        cwd=workdir, capture_output=True, check=True,
+        [
+            "git",
+            "format-patch",
+            "--stdout",
+            "-1",
+            "--no-numbered",
+            "--zero-commit",
+            "--no-signature",
+            "--no-stat",
+        ],
+        cwd=workdir,
+        capture_output=True,
+        check=True,
     ).stdout
 
 
@@ -737,18 +861,34 @@ def series_with_tests(tmp_path, repo_form_series, with_upstream_test_edit=True) 
     d = tmp_path / "with-tests"
     shutil.copytree(repo_form_series, d)
     names = real_series_names()
-    (d / "add-new-mod-and-its-test.patch").write_bytes(make_commit_patch(
-        tmp_path / "mk-mod", {
-            NEW_MOD_REPO: (None, b"VALUE = 42\n"),
-            NEW_TEST: (None, b"from sglang.srt.fork_extra.new_mod import VALUE\n\n\n"
-                             b"def test_value():\n    assert VALUE == 42\n"),
-        }, "Add new_mod and its test"))
+    (d / "add-new-mod-and-its-test.patch").write_bytes(
+        make_commit_patch(
+            tmp_path / "mk-mod",
+            {
+                NEW_MOD_REPO: (None, b"VALUE = 42\n"),
+                NEW_TEST: (
+                    None,
+                    b"from sglang.srt.fork_extra.new_mod import VALUE\n\n\n"
+                    b"def test_value():\n    assert VALUE == 42\n",
+                ),
+            },
+            "Add new_mod and its test",
+        )
+    )
     names.append("add-new-mod-and-its-test.patch")
     if with_upstream_test_edit:
-        (d / "extend-an-upstream-test.patch").write_bytes(make_commit_patch(
-            tmp_path / "mk-test", {
-                EXISTING_TEST: (EXISTING_TEST_BYTES, EXISTING_TEST_BYTES + b"    assert 2 + 2 == 4\n"),
-            }, "Extend an upstream test"))
+        (d / "extend-an-upstream-test.patch").write_bytes(
+            make_commit_patch(
+                tmp_path / "mk-test",
+                {
+                    EXISTING_TEST: (
+                        EXISTING_TEST_BYTES,
+                        EXISTING_TEST_BYTES + b"    assert 2 + 2 == 4\n",
+                    ),
+                },
+                "Extend an upstream test",
+            )
+        )
         names.append("extend-an-upstream-test.patch")
     (d / "series").write_text("".join(n + "\n" for n in names))
     return d
@@ -772,7 +912,9 @@ def make_layout(pristine, tmp_path, layout: str) -> tuple[Path, Path, Path]:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_each_layout_applies_and_reverts_byte_identically(pristine, tmp_path, repo_form_series, layout):
+def test_each_layout_applies_and_reverts_byte_identically(
+    pristine, tmp_path, repo_form_series, layout
+):
     series = series_with_tests(tmp_path, repo_form_series)
     root, target, code = make_layout(pristine, tmp_path, layout)
     before = snapshot(root)
@@ -791,24 +933,35 @@ def test_each_layout_applies_and_reverts_byte_identically(pristine, tmp_path, re
     assert (code / NEW_MOD).read_bytes() == b"VALUE = 42\n"
     stamp = json.loads((code / "sglang" / ".fork-series" / "stamp.json").read_text())
     stamped = {e["path"] for e in stamp["files"]}
-    st = json.loads(run("status", "--target", target, "--json", series_dir=series).stdout)
-    assert st["applied"] is True and st["current"] is True and st["sglang_version"] == "0.5.23"
+    st = json.loads(
+        run("status", "--target", target, "--json", series_dir=series).stdout
+    )
+    assert (
+        st["applied"] is True
+        and st["current"] is True
+        and st["sglang_version"] == "0.5.23"
+    )
     after = snapshot(root)
     if layout == "repo-root":
         assert skipped not in r.stdout and st["layout"] == "repository"
         assert st["test_files_not_applied"] == 0
         assert stamp["layout"] == "repository"
         assert {NEW_TEST, EXISTING_TEST, NEW_MOD_REPO} <= stamped
-        assert (root / EXISTING_TEST).read_bytes() == EXISTING_TEST_BYTES + b"    assert 2 + 2 == 4\n"
+        assert (
+            root / EXISTING_TEST
+        ).read_bytes() == EXISTING_TEST_BYTES + b"    assert 2 + 2 == 4\n"
         assert b"assert VALUE == 42" in (root / NEW_TEST).read_bytes()
     else:
         assert r.stdout.count(skipped) == 1, r.stdout
         assert st["layout"] == "package" and st["test_files_not_applied"] == 2
-        assert "layout" not in stamp, "a package target's stamp is the one the tool always wrote"
+        assert (
+            "layout" not in stamp
+        ), "a package target's stamp is the one the tool always wrote"
         assert NEW_MOD in stamped and not any(p.startswith("test/") for p in stamped)
         # No test file anywhere: not in site-packages, not in the checkout's test/ beside python/.
-        assert {k: v for k, v in after.items() if "test/" in k or k == "test"} == \
-               {k: v for k, v in before.items() if "test/" in k or k == "test"}
+        assert {k: v for k, v in after.items() if "test/" in k or k == "test"} == {
+            k: v for k, v in before.items() if "test/" in k or k == "test"
+        }
         human = run("status", "--target", target, series_dir=series).stdout
         assert human.count(skipped) == 1, human
 
@@ -818,7 +971,9 @@ def test_each_layout_applies_and_reverts_byte_identically(pristine, tmp_path, re
 
     r = run("revert", "--target", target)
     assert r.returncode == 0, r.stderr
-    assert snapshot(root) == before, "revert must restore every byte and leave no extra files"
+    assert (
+        snapshot(root) == before
+    ), "revert must restore every byte and leave no extra files"
 
 
 def old_tool_checkout(tmp_path) -> Path:
@@ -828,7 +983,9 @@ def old_tool_checkout(tmp_path) -> Path:
     (out / "patches").mkdir()
 
     def show(rel: str) -> bytes:
-        proc = subprocess.run(["git", "-C", REPO, "show", f"{OLD_TOOL_REV}:{rel}"], capture_output=True)
+        proc = subprocess.run(
+            ["git", "-C", REPO, "show", f"{OLD_TOOL_REV}:{rel}"], capture_output=True
+        )
         assert proc.returncode == 0, (
             f"this test needs {rel} at commit {OLD_TOOL_REV[:12]} from the repository's history "
             f"(a full clone): {proc.stderr.decode().strip()}"
@@ -843,19 +1000,28 @@ def old_tool_checkout(tmp_path) -> Path:
     return out
 
 
-def test_a_target_applied_by_the_old_tool_still_reverts(pristine, tmp_path, repo_form_series):
+def test_a_target_applied_by_the_old_tool_still_reverts(
+    pristine, tmp_path, repo_form_series
+):
     old = old_tool_checkout(tmp_path)
     old_series = old / "patches"
-    assert b"diff --git a/sglang/" in (old_series / GATE).read_bytes(), "the old, legacy-form series"
+    assert (
+        b"diff --git a/sglang/" in (old_series / GATE).read_bytes()
+    ), "the old, legacy-form series"
     root, _, code = make_layout(pristine, tmp_path, "python-dir")
     before = snapshot(root)
-    r = subprocess.run([sys.executable, old / "scripts" / "series.py", "apply", "--target", code],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, old / "scripts" / "series.py", "apply", "--target", code],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     applied = snapshot(root)
 
     # The same series read by today's tool: the same hash, already applied.
-    st = json.loads(run("status", "--target", code, "--json", series_dir=old_series).stdout)
+    st = json.loads(
+        run("status", "--target", code, "--json", series_dir=old_series).stdout
+    )
     assert st["applied"] is True and st["current"] is True
     r = run("apply", "--target", code, series_dir=old_series)
     assert r.returncode == 0 and "already applied" in r.stdout
@@ -887,7 +1053,10 @@ def test_refuses_a_target_that_is_none_of_the_layouts(pristine, tmp_path):
     empty.mkdir()
     no_tests = tmp_path / "no-tests"  # python/sglang/ without test/ beside it
     shutil.move(pristine("0.5.23"), no_tests / "python")
-    for target, needle in ((empty, "holds no sglang package"), (no_tests, "no test/ tree")):
+    for target, needle in (
+        (empty, "holds no sglang package"),
+        (no_tests, "no test/ tree"),
+    ):
         before = snapshot(target)
         for cmd in ("check", "apply", "status", "revert"):
             r = run(cmd, "--target", target)
@@ -896,14 +1065,26 @@ def test_refuses_a_target_that_is_none_of_the_layouts(pristine, tmp_path):
         assert snapshot(target) == before
 
 
-@pytest.mark.parametrize("outside", ["docs/notes.md", "python/pyproject.toml", "sgl-kernel/setup.py"])
-def test_refuses_a_series_with_a_path_outside_python_and_test(pristine, tmp_path, outside):
-    series = one_patch_series(tmp_path, "outside", {
-        "touch-outside.patch": make_commit_patch(tmp_path / "mk", {
-            NEW_MOD_REPO: (None, b"VALUE = 1\n"),
-            outside: (None, b"outside\n"),
-        }, "Touch a file outside"),
-    })
+@pytest.mark.parametrize(
+    "outside", ["docs/notes.md", "python/pyproject.toml", "sgl-kernel/setup.py"]
+)
+def test_refuses_a_series_with_a_path_outside_python_and_test(
+    pristine, tmp_path, outside
+):
+    series = one_patch_series(
+        tmp_path,
+        "outside",
+        {
+            "touch-outside.patch": make_commit_patch(
+                tmp_path / "mk",
+                {
+                    NEW_MOD_REPO: (None, b"VALUE = 1\n"),
+                    outside: (None, b"outside\n"),
+                },
+                "Touch a file outside",
+            ),
+        },
+    )
     pkg = pristine("0.5.23", "site-packages")
     root, repo_target, _ = make_layout(pristine, tmp_path, "repo-root")
     for target, top in ((pkg, pkg), (repo_target, root)):
@@ -911,20 +1092,33 @@ def test_refuses_a_series_with_a_path_outside_python_and_test(pristine, tmp_path
         for cmd in ("check", "apply", "status", "import"):
             r = run(cmd, "--target", target, series_dir=series)
             assert r.returncode == 2, (cmd, r.stdout, r.stderr)
-            one_error_line(r, "touch-outside.patch", repr(outside), "outside python/sglang/ and test/")
-        assert snapshot(top) == before, "nothing may be written (import neither moves nor git-inits)"
+            one_error_line(
+                r,
+                "touch-outside.patch",
+                repr(outside),
+                "outside python/sglang/ and test/",
+            )
+        assert (
+            snapshot(top) == before
+        ), "nothing may be written (import neither moves nor git-inits)"
 
 
-def test_repository_form_round_trip_and_git_am_without_flags(pristine, tmp_path, repo_form_series):
+def test_repository_form_round_trip_and_git_am_without_flags(
+    pristine, tmp_path, repo_form_series
+):
     # import -> export of a repository-form series is byte-identical, tests included.
     series = series_with_tests(tmp_path, repo_form_series)
     original = snapshot(series)
     root, _, _ = make_layout(pristine, tmp_path, "repo-root")
     r = run("import", "--target", root, series_dir=series)
     assert r.returncode == 0, r.stderr
-    assert sorted(git(root, "ls-files", "test").split()) == sorted([EXISTING_TEST, NEW_TEST])
+    assert sorted(git(root, "ls-files", "test").split()) == sorted(
+        [EXISTING_TEST, NEW_TEST]
+    )
     # The repository root's own tests are part of the pristine upstream commit.
-    assert git(root, "ls-tree", "-r", "--name-only", "upstream", "--", "test").split() == [EXISTING_TEST]
+    assert git(
+        root, "ls-tree", "-r", "--name-only", "upstream", "--", "test"
+    ).split() == [EXISTING_TEST]
 
     r = run("export", "--target", root, series_dir=series)
     assert r.returncode == 0, r.stderr
@@ -932,15 +1126,21 @@ def test_repository_form_round_trip_and_git_am_without_flags(pristine, tmp_path,
 
     # Plain `git am`, no flags, in series order, on a repository whose
     # python/sglang/ is the release wheel's sglang/.
-    am_series = series_with_tests(tmp_path / "am", repo_form_series, with_upstream_test_edit=False)
+    am_series = series_with_tests(
+        tmp_path / "am", repo_form_series, with_upstream_test_edit=False
+    )
     fresh = tmp_path / "fresh"
     shutil.move(pristine("0.5.23", "wheel"), fresh / "python")
     git(fresh, "init", "-q")
     git(fresh, "add", "python")
     git(fresh, "commit", "-q", "-m", "sglang 0.5.23")
     names = (am_series / "series").read_text().split()
-    proc = subprocess.run(["git", *GIT_ID, "am", *[str(am_series / n) for n in names]],
-                          cwd=fresh, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["git", *GIT_ID, "am", *[str(am_series / n) for n in names]],
+        cwd=fresh,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert git(fresh, "status", "--porcelain") == ""
     assert git(fresh, "log", "--format=%s", "-1").strip() == "Add new_mod and its test"
@@ -950,7 +1150,9 @@ def test_repository_form_round_trip_and_git_am_without_flags(pristine, tmp_path,
     applied = pristine("0.5.23", "applied")
     assert run("apply", "--target", applied, series_dir=am_series).returncode == 0
     for rel in touched_by(PATCHES) | created_by(PATCHES) | {NEW_MOD}:
-        assert (fresh / "python" / rel).read_bytes() == (applied / rel).read_bytes(), rel
+        assert (fresh / "python" / rel).read_bytes() == (
+            applied / rel
+        ).read_bytes(), rel
 
 
 def test_import_leaves_an_installation_alone(pristine, tmp_path):
@@ -970,20 +1172,32 @@ def test_rebase_keeps_or_takes_the_upstream_tests(pristine, tmp_path):
     """rebase --onto a directory holding sglang/ (a wheel has no tests) keeps
     the old upstream's test/ tree; onto a repository root, its test/ is the
     new upstream's."""
-    series = one_patch_series(tmp_path, "tiny", {
-        "add-new-mod-and-its-test.patch": make_commit_patch(tmp_path / "mk", {
-            NEW_MOD_REPO: (None, b"VALUE = 42\n"),
-            NEW_TEST: (None, b"def test_value():\n    pass\n"),
-        }, "Add new_mod and its test"),
-    })
+    series = one_patch_series(
+        tmp_path,
+        "tiny",
+        {
+            "add-new-mod-and-its-test.patch": make_commit_patch(
+                tmp_path / "mk",
+                {
+                    NEW_MOD_REPO: (None, b"VALUE = 42\n"),
+                    NEW_TEST: (None, b"def test_value():\n    pass\n"),
+                },
+                "Add new_mod and its test",
+            ),
+        },
+    )
     original = snapshot(series)
     root, _, _ = make_layout(pristine, tmp_path, "repo-root")
     assert run("import", "--target", root, series_dir=series).returncode == 0
 
     r = run("rebase", "--target", root, "--onto", pristine(OLDER), series_dir=series)
     assert r.returncode == 0, r.stderr
-    assert git(root, "ls-tree", "-r", "--name-only", "upstream", "--", "test").split() == [EXISTING_TEST]
-    assert git(root, "rev-parse", "upstream") == git(root, "rev-parse", "upstream-" + OLDER + "^{commit}")
+    assert git(
+        root, "ls-tree", "-r", "--name-only", "upstream", "--", "test"
+    ).split() == [EXISTING_TEST]
+    assert git(root, "rev-parse", "upstream") == git(
+        root, "rev-parse", "upstream-" + OLDER + "^{commit}"
+    )
     assert run("export", "--target", root, series_dir=series).returncode == 0
     assert snapshot(series) == original
 
@@ -993,5 +1207,7 @@ def test_rebase_keeps_or_takes_the_upstream_tests(pristine, tmp_path):
     (newer / EXISTING_TEST).write_bytes(EXISTING_TEST_BYTES + b"# changed upstream\n")
     r = run("rebase", "--target", root, "--onto", newer, series_dir=series)
     assert r.returncode == 0, r.stderr
-    assert git(root, "show", f"upstream:{EXISTING_TEST}").endswith("# changed upstream\n")
+    assert git(root, "show", f"upstream:{EXISTING_TEST}").endswith(
+        "# changed upstream\n"
+    )
     assert (root / NEW_TEST).is_file() and (root / "python" / NEW_MOD).is_file()
