@@ -96,7 +96,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SERIES_DIR = REPO / "patches"
-SUPPORTED_BASES = ("0.5.23",)
+SUPPORTED_BASES = ("0.5.22", "0.5.23")
 
 PKG = "sglang"
 CODE = "python"  # the repository folder that holds the package
