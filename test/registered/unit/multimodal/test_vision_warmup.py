@@ -214,9 +214,6 @@ def _rank_worker(rank, world_size, init_method, flag):
     out["hook_npu"] = _hook_calls(qwen3_vl, "NPU", True)
     # Checkpoints without a vision tower, under the gate.
     no_tower = {
-        "qwen3_vl_lm_only": T.build_tiny_qwen3_vl(
-            T.tiny_qwen3_vl_config(language_model_only=True)
-        ),
         "qwen3_5_lm_only": F.build_tiny_qwen3_5(language_model_only=True),
         "glm5_next_language_only": F.build_tiny_glm5_next(language_only=True),
     }
@@ -315,9 +312,7 @@ def test_glm5_next_hook_warms_two_grids(ranks):
         assert "[[1,32,32]] [[1,48,64]]" in lines[0]
 
 
-@pytest.mark.parametrize(
-    "name", ["qwen3_vl_lm_only", "qwen3_5_lm_only", "glm5_next_language_only"]
-)
+@pytest.mark.parametrize("name", ["qwen3_5_lm_only", "glm5_next_language_only"])
 def test_models_without_a_vision_tower_are_left_alone(ranks, name):
     """Their hook hands the helper no tower (``visual`` is None): no call,
     no line, whatever the decision says."""

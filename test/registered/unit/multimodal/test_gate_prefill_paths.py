@@ -220,16 +220,6 @@ def _two_single_image_requests():
 GATES = [BATCHED, PER_REQUEST, ("NPU", True), ("XPU", True)]
 
 
-@pytest.mark.parametrize("gate", GATES, ids=["CUDA", "ROCm-tp1", "NPU", "XPU"])
-def test_two_single_image_requests_one_call_only_when_batching(
-    model, tower_calls, gate
-):
-    requests = _two_single_image_requests()
-    out, reference = one_step(model, tower_calls, gate, requests)
-    assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
-    torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
-
-
 def test_batched_and_per_request_give_the_same_embeddings(model, tower_calls):
     grids = [[(1, 8, 8)], [(1, 8, 12), (1, 4, 8)], [(1, 16, 8)]]
     requests = [H.make_request(g, seed=20 + i) for i, g in enumerate(grids)]
