@@ -117,10 +117,13 @@ def check_versions() -> None:
         )
 
 
-def series_files(patches_dir: str = PATCHES, python_only: bool = True) -> List[str]:
+def series_files(
+    patches_dir: str = PATCHES, python_only: bool = True, tests: bool = False
+) -> List[str]:
     """Paths (``sglang/...``) of the (Python) files the series touches in the
-    package, in first-touched order. Patch paths are SGLang's repository
-    paths (``python/sglang/...``; ``test/...`` is not the package) or the
+    package, in first-touched order; with ``tests``, the paths
+    (``test/...``) of the test files it carries instead. Patch paths are
+    SGLang's repository paths (``python/sglang/...``, ``test/...``) or the
     older ``sglang/...``."""
     with open(os.path.join(patches_dir, "series")) as f:
         names = [
@@ -131,7 +134,7 @@ def series_files(patches_dir: str = PATCHES, python_only: bool = True) -> List[s
         with open(os.path.join(patches_dir, name)) as f:
             for line in f:
                 m = re.match(r"^diff --git a/(\S+) b/(\S+)$", line.rstrip("\n"))
-                if not m or m.group(2).startswith("test/"):
+                if not m or m.group(2).startswith("test/") != tests:
                     continue
                 path = (
                     m.group(2)[len("python/") :]
@@ -354,7 +357,17 @@ def main(argv=None) -> int:
             tree, pristine = args.tree, args.pristine
         else:
             pristine, tree = build_trees(work, args.patches)
-        return report(pristine, tree, series_files(args.patches), args.verbose)
+        failed = report(pristine, tree, series_files(args.patches), args.verbose)
+        if not args.tree:
+            # The tests the patches carry, each a new file, judged entirely.
+            tests = series_files(args.patches, tests=True)
+            failed |= lint_repo(
+                tests,
+                root=os.path.dirname(tree),
+                verbose=args.verbose,
+                what="the patches carry as tests",
+            )
+        return failed
 
 
 def build_trees(
@@ -372,7 +385,8 @@ def build_trees(
     sys.path.insert(0, ROOT)
     from cpu_support import sglang_trees
 
-    pristine, tree = os.path.join(work, "pristine"), os.path.join(work, "series")
+    pristine, repo = os.path.join(work, "pristine"), os.path.join(work, "series")
+    tree = os.path.join(repo, "python")  # a repository root takes the tests too
     wanted = set(series_files(patches_dir, python_only=False))
     wanted |= {"sglang/version.py", "sglang/_version.py"}
     with zipfile.ZipFile(sglang_trees.find_wheel(version)) as z:
@@ -380,6 +394,7 @@ def build_trees(
             if name in wanted or re.match(r"^sglang-[^/]+\.dist-info/METADATA$", name):
                 z.extract(name, pristine)
     shutil.copytree(pristine, tree)
+    os.makedirs(os.path.join(repo, "test"))
     proc = subprocess.run(
         [
             sys.executable,
@@ -388,7 +403,7 @@ def build_trees(
             patches_dir,
             "apply",
             "--target",
-            tree,
+            repo,
         ],
         capture_output=True,
         text=True,
@@ -417,7 +432,11 @@ def repo_files(root: str = ROOT) -> List[str]:
 
 
 def lint_repo(
-    files: Sequence[str], root: str = ROOT, fix: bool = False, verbose: bool = False
+    files: Sequence[str],
+    root: str = ROOT,
+    fix: bool = False,
+    verbose: bool = False,
+    what: str = "of the repository",
 ) -> int:
     """Each file judged entirely, as a file the series creates is."""
     failed = 0
@@ -439,7 +458,7 @@ def lint_repo(
                     print(line)
             failed += not verdict.ok
     print(
-        f"{'FAILED' if failed else 'ok'}: {failed} of {len(files)} file(s) of the repository fail SGLang's lint "
+        f"{'FAILED' if failed else 'ok'}: {failed} of {len(files)} file(s) {what} fail SGLang's lint "
         f"(black 24.10.0, isort 5.13.2 profile black, ruff 0.11.7 {RUFF_SELECT})"
     )
     return 1 if failed else 0

@@ -43,10 +43,14 @@ def test_current_series_passes_sglang_lint():
     verdicts = [
         ln for ln in proc.stdout.splitlines() if ln.startswith(("ok ", "FAIL "))
     ]
-    # one verdict per Python file of the series, the new modules among them
-    assert len(verdicts) == len(L.series_files()) >= 2, out
+    # one verdict per Python file of the series, the new modules among them,
+    # then one per test file the patches carry, each judged whole
+    tests = L.series_files(tests=True)
+    assert len(verdicts) == len(L.series_files()) + len(tests), out
+    assert len(L.series_files()) >= 2 and tests, out
     assert all(v.startswith("ok ") for v in verdicts), out
     assert any(CREATED in v and "new file" in v for v in verdicts), out
+    assert all(any(t in v and "whole file" in v for v in verdicts) for t in tests), out
 
 
 @pytest.fixture(scope="module")
