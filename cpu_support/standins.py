@@ -9,60 +9,44 @@ Why each step exists (details in docs/cpu.md):
 * On that generic branch, building a rotary embedding imports
   ``vllm._custom_ops.rotary_embedding``. The vision tower only reads the
   rotary cos/sin cache and never calls that kernel, so a stand-in module whose
-  ``rotary_embedding`` raises if ever called is enough, and proves the claim.
+  ``rotary_embedding`` raises if ever called is enough, and proves the claim
+  (``vllm_standin/``, put on ``sys.path``, so that ranks a test spawns find it
+  too).
 * With a CUDA build of torch and several processes, SGLang's PyNccl would bind
   to the CPU "device" and fail; pointing ``SGLANG_NCCL_SO_PATH`` at a missing
   file makes SGLang treat NCCL as absent so collectives run on gloo.
 
 Call :func:`prepare_cpu_process` before the first ``import sglang`` in a
-process (and in every spawned rank).
+process (and in every spawned rank). Installed in the venv as a pytest plugin
+(``make setup``: ``standin_pkgs/cpu_standins`` names this module as a
+``pytest11`` entry point, and a ``.pth`` puts this repository on the venv's
+path), it does so itself when pytest starts, so the tests the patches carry
+run with this environment's Python in an SGLang checkout too.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import types
 
 MISSING_NCCL_PATH = "/nonexistent/fork-cpu-support/libnccl.so"
+# A folder holding the ``vllm`` stand-in package. On ``sys.path`` (not in
+# ``PYTHONPATH``): processes this one spawns inherit it, servers it starts do
+# not.
+VLLM_STANDIN_DIR = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "vllm_standin"
+)
 
 
-class StandInKernelCalled(RuntimeError):
-    """A GPU kernel stand-in was called: the CPU path reached real kernel code."""
+def install_vllm_custom_ops_standin():
+    """Make ``vllm._custom_ops`` importable as the stand-in (every name it
+    provides raises ``StandInKernelCalled`` when called)."""
+    if VLLM_STANDIN_DIR not in sys.path:
+        sys.path.insert(0, VLLM_STANDIN_DIR)
+    import vllm._custom_ops as ops
 
-
-def _raising(name: str):
-    def kernel(*args, **kwargs):
-        raise StandInKernelCalled(
-            f"vllm._custom_ops.{name} is a CPU stand-in and must not be called; "
-            "the code under test reached a GPU kernel"
-        )
-
-    kernel.__name__ = name
-    return kernel
-
-
-def install_vllm_custom_ops_standin() -> types.ModuleType:
-    """Register ``vllm`` / ``vllm._custom_ops`` stand-ins in ``sys.modules``.
-
-    Only names SGLang imports on the generic branch are provided; every one
-    raises :class:`StandInKernelCalled` when called.
-    """
-    existing = sys.modules.get("vllm._custom_ops")
-    if existing is not None and getattr(existing, "__fork_cpu_standin__", False):
-        return existing
-    pkg = sys.modules.get("vllm")
-    if pkg is None:
-        pkg = types.ModuleType("vllm")
-        pkg.__path__ = []  # a namespace-like package
-        pkg.__fork_cpu_standin__ = True
-        sys.modules["vllm"] = pkg
-    ops = types.ModuleType("vllm._custom_ops")
-    ops.__fork_cpu_standin__ = True
-    for name in ("rotary_embedding", "rms_norm", "fused_add_rms_norm"):
-        setattr(ops, name, _raising(name))
-    sys.modules["vllm._custom_ops"] = ops
-    pkg._custom_ops = ops
+    if not getattr(ops, "__fork_cpu_standin__", False):
+        raise RuntimeError(f"a real vllm ({ops.__file__}) shadows the CPU stand-in")
     return ops
 
 
@@ -75,3 +59,8 @@ def prepare_cpu_process() -> None:
     os.environ.pop("SGLANG_USE_CPU_ENGINE", None)
     os.environ["SGLANG_NCCL_SO_PATH"] = MISSING_NCCL_PATH
     install_vllm_custom_ops_standin()
+
+
+def pytest_configure(config) -> None:
+    # Before collection imports the first test module (and with it sglang).
+    prepare_cpu_process()

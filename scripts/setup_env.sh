@@ -58,6 +58,10 @@ fi
   --python "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# cpu_support on the venv's path, for the pytest plugin standin_pkgs/cpu_standins
+# registers (cpu_support.standins): the series' own tests then get the CPU
+# stand-ins in an SGLang checkout too.
+echo "$ROOT" > "$SITE/fork_cpu_support.pth"
 # The venv is ours: when the series changed since it was applied (a patch was
 # edited or added), --replace checks the new series against the saved upstream
 # files, reverts the old one and applies the new one. Plain `apply` refuses, as

@@ -125,6 +125,8 @@ SCRIPT_FILES = {
     "cpu_support/tiny_sizes.py": "cpu_support/tiny_sizes.py",
     "cpu_support/seeded_model.py": "cpu_support/seeded_model.py",
     "cpu_support/standins.py": "cpu_support/standins.py",
+    "cpu_support/vllm_standin/vllm/__init__.py": "cpu_support/vllm_standin/vllm/__init__.py",
+    "cpu_support/vllm_standin/vllm/_custom_ops.py": "cpu_support/vllm_standin/vllm/_custom_ops.py",
 }
 SGLANG_SKIP = ["sglang/multimodal_gen/*", "sglang/test/*", "*.so", "*/__pycache__/*"]
 PLATFORMS = [
