@@ -135,8 +135,33 @@ def _class_defines(node: ast.ClassDef) -> Dict[str, bool]:
     return {name: bound[name] for name in FEATURES if name in bound}
 
 
+def _decorated_warm_up(node: ast.ClassDef) -> Optional[WarmUpHook]:
+    """The hook ``@vision_warmup.warms_vision_tower_first("<tower>", <CALLS>,
+    ...)`` gives the class: the warm-up, then the class's own hook."""
+    for decorator in node.decorator_list:
+        if not isinstance(decorator, ast.Call) or len(decorator.args) < 2:
+            continue
+        fn = decorator.func
+        name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
+        if name != "warms_vision_tower_first":
+            continue
+        tower_arg, calls_arg = decorator.args[:2]
+        tower = tower_arg.value if isinstance(tower_arg, ast.Constant) else None
+        calls = (
+            calls_arg.attr
+            if isinstance(calls_arg, ast.Attribute)
+            else getattr(calls_arg, "id", None)
+        )
+        return WarmUpHook(tower, calls, False)
+    return None
+
+
 def _warm_up_hook(node: ast.ClassDef) -> Optional[WarmUpHook]:
-    """The class body's own warm-up hook, or None when it defines none."""
+    """The class body's own warm-up hook (a ``precompile_kernels_after_loading``
+    or the class decorator that gives it one), or None when it defines none."""
+    decorated = _decorated_warm_up(node)
+    if decorated is not None:
+        return decorated
     for item in node.body:
         if not (
             isinstance(item, ast.FunctionDef)
