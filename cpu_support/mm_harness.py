@@ -11,7 +11,11 @@ module's input instead, for towers fed pixels or tiles. ``encoder_spy``
 counts the encoder calls themselves. ``PLATFORMS`` are the
 ``override_platform`` settings; ``WarmUpLog`` / ``LogRecords`` collect log
 lines; ``post_load_hook`` is SGLang's post-load hook and ``frames_compiled``
-Dynamo's count of compiled frames.
+Dynamo's count of compiled frames. ``scheduler_vit_metrics`` runs a
+scheduler's ``init_metrics_collector`` with ``--enable-metrics`` and publishes
+the series' ViT encoder metrics collector on a private Prometheus registry
+(``vit_metrics_collector`` builds one from given labels); ``metric_samples``
+and ``metric_total`` read a registry back as a scrape shows it.
 """
 
 from __future__ import annotations
@@ -293,6 +297,106 @@ def reference_rows(model, requests: List[Request]) -> torch.Tensor:
                     rows.append(emb[base + lo - s : base + hi - s])
                 base += e - s + 1
     return torch.cat(rows) if rows else None
+
+
+# ---------------------------------------------------------------------------
+# The series' ViT encoder metrics, as a scheduler with --enable-metrics has them
+# ---------------------------------------------------------------------------
+
+
+def vit_metrics_collector(labels: dict, records_calls: bool = True, registry=None):
+    """A ``ViTEncoderMetricsCollector`` with ``labels`` whose series go to
+    ``registry`` (a new private ``CollectorRegistry`` by default), the way the
+    Ray wrappers swap its backend; returns ``(collector, registry)``. Not
+    published: hand it to ``vit_batching.set_vit_encoder_metrics``."""
+    import functools
+
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+
+    from sglang.srt.observability.vit_batch_metrics import ViTEncoderMetricsCollector
+
+    registry = CollectorRegistry() if registry is None else registry
+
+    class PrivateRegistryCollector(ViTEncoderMetricsCollector):
+        _counter_cls = functools.partial(Counter, registry=registry)
+        _histogram_cls = functools.partial(Histogram, registry=registry)
+
+    return PrivateRegistryCollector(labels, records_calls=records_calls), registry
+
+
+class _SchedulerLabels:
+    """Stands in for ``SchedulerMetricsCollector``, whose series would go to
+    the process-wide registry (a second build in one process fails on
+    duplicate names): keeps only the labels ``init_new`` gave it."""
+
+    def __init__(self, labels, **_):
+        self.labels = labels
+
+
+@contextlib.contextmanager
+def scheduler_vit_metrics(registry=None, **observability):
+    """A scheduler's real ``init_metrics_collector`` under ``--enable-metrics``
+    (and any other ``observability`` leaves given, e.g.
+    ``enable_metrics_for_all_schedulers``), in the published context: the
+    series' collector is built from ``init_new``'s labels and decision into
+    ``registry`` (a new private one by default) and published for the encoder
+    path while inside. Yields ``(scheduler, registry)``;
+    ``scheduler.metrics_collector.labels`` are the labels."""
+    from prometheus_client import CollectorRegistry
+
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.observability.vit_batch_metrics import STAT_LOGGER_ROLE_VIT_ENCODER
+    from sglang.srt.runtime_context import (
+        get_observability,
+        get_resources,
+        get_server_args,
+    )
+
+    registry = CollectorRegistry() if registry is None else registry
+
+    def on_registry(labels, records_calls):
+        return vit_metrics_collector(labels, records_calls, registry)[0]
+
+    stat_loggers = {
+        "scheduler": _SchedulerLabels,
+        STAT_LOGGER_ROLE_VIT_ENCODER: on_registry,
+    }
+    fields = dict(enable_metrics=True, stat_loggers=stat_loggers, **observability)
+    with get_observability().override(**fields), get_resources().override(
+        vit_encoder_metrics=None
+    ):
+        scheduler = Scheduler.__new__(Scheduler)
+        scheduler.server_args = get_server_args()
+        scheduler.enable_priority_scheduling = False
+        scheduler.enable_lora = False
+        scheduler.enable_hierarchical_cache = False
+        scheduler.init_metrics_collector()
+        yield scheduler, registry
+
+
+def metric_samples(registry, name: str) -> List[Tuple[dict, float]]:
+    """``(labels, value)`` of each sample called ``name`` in the registry's
+    text exposition (what a ``/metrics`` scrape shows), read back through
+    ``prometheus_client.parser``."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(registry).decode()
+    return [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
+def metric_total(registry, name: str, **labels) -> float:
+    """The sum of the samples called ``name`` whose labels include ``labels``."""
+    return sum(
+        value
+        for seen, value in metric_samples(registry, name)
+        if all(seen.get(k) == str(v) for k, v in labels.items())
+    )
 
 
 # ---------------------------------------------------------------------------

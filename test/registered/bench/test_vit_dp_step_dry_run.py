@@ -31,9 +31,17 @@ REAL_RANK_MAIN = D.rank_main
 
 def observed_rank_main(rank, world_size, init_method, opts):
     """The dry run's own rank, with the series' DEBUG records of its steps
-    collected (a handler on the metrics module's logger; nothing replaced)."""
-    from cpu_support.mm_harness import LogRecords
+    collected (a handler on the metrics module's logger; nothing replaced).
+    The records come from the collector a scheduler with --enable-metrics
+    publishes, so this rank publishes one as that rank's scheduler would: its
+    tp_rank, the call series recorded on rank 0 (DEBUG lines on both)."""
+    from cpu_support.mm_harness import LogRecords, vit_metrics_collector
 
+    from sglang.srt.multimodal.vit_batching import set_vit_encoder_metrics
+
+    set_vit_encoder_metrics(
+        vit_metrics_collector({"tp_rank": rank}, records_calls=rank == 0)[0]
+    )
     records = LogRecords()
     log = logging.getLogger(METRICS_LOGGER)
     log.addHandler(records)
@@ -106,23 +114,18 @@ def test_dry_run_per_request_vs_one_cross_request_call(tmp_path, monkeypatch):
     # unrelated one-image warm-up step, then each path's steps (the first,
     # the memory run, the warmed repeats).
     steps = 2 + REPEATS
-    warm = [
-        f"ViT encoder call: path=batched requests=1 images=1 patches={D.U.patches((1, 4, 4))}"
-    ]
-    per_request = [
-        f"ViT encoder call: path=per_request requests=1 images=1 patches={n}"
-        for n in sizes
-    ]
-    batched = [
-        f"ViT encoder call: path=batched requests=5 images=5 patches={sum(sizes)}"
-    ]
+    call = "ViT encoder call: path={} modality=image requests={} items={} patches={}"
+    warm = [call.format("batched", 1, 1, D.U.patches((1, 4, 4)))]
+    per_request = [call.format("per_request", 1, 1, n) for n in sizes]
+    batched = [call.format("batched", 5, 5, sum(sizes))]
     for rank, per_rank in enumerate(report["per_rank"]):
         calls = [
-            line.rsplit(" rank=", 1)[0]
+            line
             for line in per_rank["series_lines"]
             if line.startswith("ViT encoder call:")
         ]
-        assert calls == warm + per_request * steps + batched * steps, (rank, calls)
+        expected = warm + per_request * steps + batched * steps
+        assert calls == [f"{c} tp_rank={rank}" for c in expected], (rank, calls)
         shares = [
             line
             for line in per_rank["series_lines"]
@@ -131,7 +134,7 @@ def test_dry_run_per_request_vs_one_cross_request_call(tmp_path, monkeypatch):
         # The batched steps' shares: each rank's, as the balancer assigned them.
         assert (
             shares[-steps:]
-            == [f"ViT DP encoder: rank={rank} images={counts[rank]}"] * steps
+            == [f"ViT DP encoder: tp_rank={rank} grids={counts[rank]}"] * steps
         ), shares
 
 

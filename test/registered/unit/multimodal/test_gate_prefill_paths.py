@@ -158,7 +158,8 @@ def setting(platform: str, dp_encoder: bool):
 @contextlib.contextmanager
 def encoder_call_records():
     """The series' DEBUG line of each scheduler encoder call made inside, as
-    (path, requests, images, patches)."""
+    (path, requests, items, patches); the scheduler's metrics collector
+    (``--enable-metrics``) is published while inside, as a server's is."""
     handler = H.LogRecords()
     log = logging.getLogger(METRICS_LOGGER)
     previous = log.level
@@ -166,7 +167,8 @@ def encoder_call_records():
     log.setLevel(logging.DEBUG)
     records = []
     try:
-        yield records
+        with H.scheduler_vit_metrics():
+            yield records
     finally:
         log.removeHandler(handler)
         log.setLevel(previous)
@@ -175,11 +177,12 @@ def encoder_call_records():
                 fields = dict(
                     f.split("=", 1) for f in message.split(": ", 1)[1].split()
                 )
+                assert fields["modality"] == "image", message
                 records.append(
                     (
                         fields["path"],
                         int(fields["requests"]),
-                        int(fields["images"]),
+                        int(fields["items"]),
                         int(fields["patches"]),
                     )
                 )

@@ -9,9 +9,9 @@ tiny Qwen3-VL through the real post-load hook and the real
   and a later cross-request step through the DP runner works on both ranks;
 * rank 1's clean-up after its warm-up raises: it logs one WARNING, the hook
   returns and the next cross-request step works on both ranks;
-* rank 1's Prometheus collector cannot be built (a full disk): the DP
-  runner's call completes on both ranks with the same embeddings, and the
-  failure is logged once;
+* rank 1's metrics collector cannot write its DP-encoder share (a full
+  disk): the DP runner's call completes on both ranks with the same
+  embeddings, and the failure is logged once;
 * the ViT CUDA graph cache (``SGLANG_VIT_ENABLE_CUDA_GRAPH=1``): only the
   graph capture itself is replaced (there is no CUDA on this machine); the
   real runner, its bound, the eviction count in ``/metrics`` and what the
@@ -154,28 +154,25 @@ def _clean_up_fault(rank, model):
 
 
 def _metrics_fault(rank, model):
-    from sglang.srt.observability import vit_batch_metrics as M
-    from sglang.srt.runtime_context import get_observability
+    """Each rank's scheduler collector (``--enable-metrics``); rank 1's cannot
+    write its DP-encoder share (a Prometheus multiprocess file on a full
+    disk), inside the DP runner's collective region."""
+    from sglang.srt.multimodal.vit_batching import get_vit_encoder_metrics
 
     log = H.capture_log("sglang.srt.observability.vit_batch_metrics")
     log.lines.clear()
-    real_init = M.ViTEncoderCallMetrics.__init__
 
-    def full_disk(self, labels):
+    def full_disk(**labels):
         raise OSError(28, "No space left on device", "/prom/counter_1.db")
 
-    if rank == 1:
-        M.ViTEncoderCallMetrics.__init__ = full_disk
-    M._metrics = None
-    try:
-        with get_observability().override(enable_metrics=True):
-            steps = [_step(model, _requests(seed=s)) for s in (20, 30)]
-    finally:
-        M.ViTEncoderCallMetrics.__init__ = real_init
+    with H.scheduler_vit_metrics() as (_, registry):
+        if rank == 1:
+            get_vit_encoder_metrics().dp_rank_grids_total.labels = full_disk
+        steps = [_step(model, _requests(seed=s)) for s in (20, 30)]
     return {
         "steps": steps,
         "warnings": [m for level, m in log.lines if level == logging.WARNING],
-        "collector_built": M._metrics is not None,
+        "grids": H.metric_total(registry, "sglang:encoder_dp_rank_grids_total"),
     }
 
 
@@ -198,20 +195,9 @@ def _without_capture(runner_cls):
     return real
 
 
-def _metric_total(name):
-    from prometheus_client import REGISTRY
-
-    return sum(
-        sample.value
-        for family in REGISTRY.collect()
-        for sample in family.samples
-        if sample.name == name
-    )
-
-
 def _graph_cache(model):
     from sglang.srt.multimodal.vit_cuda_graph_runner import ViTCudaGraphRunner
-    from sglang.srt.runtime_context import get_mm, get_observability, override_platform
+    from sglang.srt.runtime_context import get_mm, override_platform
 
     out = {}
     runner = model.visual.graph_runners
@@ -231,9 +217,7 @@ def _graph_cache(model):
         out["warm_lines"] = [m for _, m in warm_log.lines]
 
         width = model.visual.patch_embed.proj.weight[0].numel()
-        with get_observability().override(enable_metrics=True), torch.no_grad():
-            evicted0 = _metric_total("sglang:mm_vit_cuda_graph_evictions_total")
-            captured0 = _metric_total("sglang:mm_vit_cuda_graph_captures_total")
+        with H.scheduler_vit_metrics() as (_, registry), torch.no_grad():
             grids = [(1, 2, 2 * (k + 1)) for k in range(DISTINCT_LAYOUTS)]
             for grid in grids:
                 n = grid[0] * grid[1] * grid[2]
@@ -247,11 +231,11 @@ def _graph_cache(model):
             for grid in (grids[-1], grids[0]):
                 n = grid[0] * grid[1] * grid[2]
                 model.visual(torch.randn(n, width), torch.tensor([grid]))
-            out["evicted"] = (
-                _metric_total("sglang:mm_vit_cuda_graph_evictions_total") - evicted0
+            out["evicted"] = H.metric_total(
+                registry, "sglang:encoder_vit_cuda_graph_evictions_total"
             )
-            out["captured"] = (
-                _metric_total("sglang:mm_vit_cuda_graph_captures_total") - captured0
+            out["captured"] = H.metric_total(
+                registry, "sglang:encoder_vit_cuda_graph_captures_total"
             )
         out["cache_lines"] = [m for _, m in cache_log.lines]
     finally:
@@ -396,15 +380,16 @@ def test_metrics_failure_on_one_rank_leaves_the_encoder_call_whole(ranks):
 
 def test_metrics_failure_is_logged_once(ranks):
     assert ranks[0]["metrics_fault"]["warnings"] == []
-    assert ranks[0]["metrics_fault"]["collector_built"]
+    # Rank 0 counted its share of both steps' calls (one image each).
+    assert ranks[0]["metrics_fault"]["grids"] == 2
     warnings = ranks[1]["metrics_fault"]["warnings"]
-    # Two steps, one recording each on rank 1: one WARNING.
+    # Two steps, one DP-encoder share each on rank 1: one WARNING.
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith(
-        "ViT encoder metrics: record_dp_encoder_rank_images failed, the encoder "
+        "ViT encoder metrics: observe_dp_encoder_share failed, the encoder "
         "call goes on: OSError"
     ), warnings[0]
-    assert not ranks[1]["metrics_fault"]["collector_built"]
+    assert ranks[1]["metrics_fault"]["grids"] == 0
 
 
 # --- the ViT CUDA graph cache is bounded ----------------------------------------

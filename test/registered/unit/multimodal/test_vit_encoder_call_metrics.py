@@ -1,75 +1,27 @@
-"""Encoder-call metrics and DEBUG lines, through the real scheduler path.
+"""Encoder-call metrics beyond one scheduler's single call: capped calls, two
+attention-DP groups and which schedulers of a group record.
 
-Values are read back from prometheus_client's real registry: what a
-``/metrics`` scrape of this process would show. A step whose items all hit
-the cache, and a multi-span item's ``full`` path, are tested once, in
-test_hip_dp_encoder_vit_batching.py, through the same records' DEBUG lines.
+Each scheduler's collector is built by SGLang's own
+``Scheduler.init_metrics_collector`` with ``--enable-metrics``
+(``mm_harness.scheduler_vit_metrics``, a private Prometheus registry per
+scheduler), and values are read back from the registry's text exposition:
+what a ``/metrics`` scrape shows. One call's counts, labels and modality, the
+DP share of a rank that records no calls, graph counts, a failing series and
+metrics off are the in-patch test's (``unit/observability/
+test_vit_batch_metrics.py``); the ``full`` path and a step whose items all hit
+the cache are test_gate_prefill_paths.py's, through the same DEBUG records.
 """
-
-import contextlib
-import logging
 
 import pytest
 import torch
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=15, suite="stage-a-test-cpu")
 
 from cpu_support import mm_harness as H  # noqa: E402
 from cpu_support import tiny_qwen3_vl as T  # noqa: E402
-from cpu_support.ranks import free_port  # noqa: E402
-
-ROCM = dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False)
-CUDA = dict(is_hip=False, is_cuda=True, is_npu=False, is_xpu=False)
-
-
-@pytest.fixture(scope="module")
-def model():
-    T.publish_cpu_context(tp_size=1)
-    T.init_gloo(0, 1, f"tcp://127.0.0.1:{free_port()}")
-    return T.build_tiny_qwen3_vl(seed=9)
-
-
-@contextlib.contextmanager
-def metrics_on(platform):
-    from sglang.srt.runtime_context import get_observability, override_platform
-
-    with get_observability().override(enable_metrics=True), override_platform(
-        **platform
-    ):
-        yield
-
-
-def sample(name, **labels):
-    from prometheus_client import REGISTRY
-
-    value = REGISTRY.get_sample_value(name, labels)
-    return 0.0 if value is None else value
-
-
-def snapshot(path):
-    from sglang.srt.observability.vit_batch_metrics import scheduler_metric_labels
-
-    # The labels SGLang's scheduler metrics carry (tp_rank, pp_rank, ...).
-    labels = {k: str(v) for k, v in scheduler_metric_labels().items()}
-    assert {"model_name", "engine_type", "tp_rank", "pp_rank"} <= set(labels)
-    labels["path"] = path
-    return {
-        "calls": sample("sglang:mm_encoder_calls_total", **labels),
-        "images_sum": sample("sglang:mm_encoder_call_images_sum", **labels),
-        "images_count": sample("sglang:mm_encoder_call_images_count", **labels),
-        "requests_sum": sample("sglang:mm_encoder_call_requests_sum", **labels),
-        "patches_sum": sample("sglang:mm_encoder_call_patches_sum", **labels),
-        "images_le_1": sample(
-            "sglang:mm_encoder_call_images_bucket", le="1.0", **labels
-        ),
-    }
-
-
-def delta(after, before):
-    return {k: after[k] - before[k] for k in after}
-
+from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
 
 N = 5
 
@@ -78,110 +30,66 @@ def _burst():
     return [H.make_request([(1, 8, 8)], seed=300 + i) for i in range(N)]
 
 
-def test_batched_burst_counts_one_call_of_n_images(model, caplog):
-    H.fresh_embedding_cache()
-    before = snapshot("batched")
-    with torch.no_grad(), metrics_on(CUDA), caplog.at_level(
-        logging.DEBUG, logger="sglang.srt.observability.vit_batch_metrics"
-    ):
-        H.run_prefill_embedding(model, _burst())
-    d = delta(snapshot("batched"), before)
-    assert d == {
-        "calls": 1,
-        "images_sum": N,
-        "images_count": 1,
-        "requests_sum": N,
-        "patches_sum": N * 64,
-        "images_le_1": 0,
-    }
-    lines = [
-        r.getMessage() for r in caplog.records if "ViT encoder call" in r.getMessage()
-    ]
-    assert lines == [
-        f"ViT encoder call: path=batched requests={N} images={N} patches={N * 64} rank=0"
-    ]
+def _batched(registry, name):
+    return H.metric_total(registry, name, path="batched", modality="image")
 
 
-def test_per_request_burst_counts_n_calls_of_one_image(model, caplog):
-    from sglang.srt.multimodal import vit_batching
-    from sglang.srt.runtime_context import get_mm
-
-    H.fresh_embedding_cache()
-    vit_batching._logged_decisions.clear()  # the gate logs once per server: a fresh one
-    before = {p: snapshot(p) for p in ("per_request", "batched")}
-    with torch.no_grad(), metrics_on(ROCM), get_mm().override(
-        mm_enable_dp_encoder=False
-    ), caplog.at_level(logging.INFO, logger="sglang.srt.multimodal.vit_batching"):
-        H.run_prefill_embedding(model, _burst())
-    d = {p: delta(snapshot(p), before[p]) for p in before}
-    assert d["per_request"]["calls"] == N and d["per_request"]["images_sum"] == N
-    assert d["per_request"]["images_count"] == N
-    assert (
-        d["per_request"]["requests_sum"] == N and d["per_request"]["images_le_1"] == N
-    )
-    # Not one of them on the batched path, and the gate said why.
-    assert d["batched"]["calls"] == 0 and d["batched"]["images_sum"] == 0
-    gate = [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == "sglang.srt.multimodal.vit_batching"
-    ]
-    assert gate == ["cross-request ViT batching: off (ROCm, no DP encoder)"]
-
-
-def test_capped_calls_are_counted_per_call(model):
-    from sglang.srt.runtime_context import get_mm
-
-    H.fresh_embedding_cache()
-    before = snapshot("batched")
-    with torch.no_grad(), metrics_on(CUDA), get_mm().override(
-        mm_max_encoder_patches_per_call=128
-    ):
-        H.run_prefill_embedding(model, _burst())  # 5 x 64 patches -> 2 + 2 + 1
-    d = delta(snapshot("batched"), before)
-    assert d["calls"] == 3 and d["images_sum"] == N and d["requests_sum"] == N
-
-
-def test_metrics_off_records_nothing(model):
-    from sglang.srt.runtime_context import override_platform
-
-    H.fresh_embedding_cache()
-    before = snapshot("batched")
-    with torch.no_grad(), override_platform(**CUDA):
-        H.run_prefill_embedding(model, _burst())
-    assert delta(snapshot("batched"), before)["calls"] == 0
-    # The same burst with --enable-metrics is one sample.
-    H.fresh_embedding_cache()
-    with torch.no_grad(), metrics_on(CUDA):
-        H.run_prefill_embedding(model, _burst())
-    assert delta(snapshot("batched"), before)["calls"] == 1
-
-
-def _attention_dp_group(rank, world_size, init_method):
-    """One scheduler process of attention-DP group ``rank``: its own gloo world
-    of one (attention-DP groups share no encoder collective), dp_rank = rank."""
-    from prometheus_client import REGISTRY, generate_latest
-
-    from sglang.srt.runtime_context import get_parallel
+def test_capped_calls_are_counted_per_call():
+    """Five 64-patch images under a 128-patch cap: three cross-request calls
+    (2 + 2 + 1 images), each its own observation."""
+    from sglang.srt.runtime_context import get_mm, override_platform
 
     T.publish_cpu_context(tp_size=1)
     T.init_gloo(0, 1, f"tcp://127.0.0.1:{free_port()}")
     model = T.build_tiny_qwen3_vl(seed=9)
     H.fresh_embedding_cache()
-    with get_parallel().override(dp_rank=rank), torch.no_grad(), metrics_on(CUDA):
+    with torch.no_grad(), override_platform(**H.CUDA), get_mm().override(
+        mm_max_encoder_patches_per_call=128
+    ), H.scheduler_vit_metrics() as (_, registry):
+        H.run_prefill_embedding(model, _burst())
+    assert _batched(registry, "sglang:encoder_calls_total") == 3
+    assert _batched(registry, "sglang:encoder_mm_items_per_call_sum") == N
+    assert _batched(registry, "sglang:encoder_requests_per_call_sum") == N
+    assert _batched(registry, "sglang:encoder_patches_per_call_sum") == N * 64
+    # No call went over the cap: every call's patches in the bucket <= 128.
+    assert _batched(registry, "sglang:encoder_patches_per_call_count") == 3
+    assert (
+        H.metric_total(
+            registry,
+            "sglang:encoder_patches_per_call_bucket",
+            path="batched",
+            le="128.0",
+        )
+        == 3
+    )
+
+
+def _attention_dp_group(rank, world_size, init_method):
+    """One scheduler process of attention-DP group ``rank``: its own gloo world
+    of one (attention-DP groups share no encoder collective), dp_rank = rank."""
+    from prometheus_client import generate_latest
+
+    from sglang.srt.runtime_context import get_parallel, override_platform
+
+    T.publish_cpu_context(tp_size=1)
+    T.init_gloo(0, 1, f"tcp://127.0.0.1:{free_port()}")
+    model = T.build_tiny_qwen3_vl(seed=9)
+    H.fresh_embedding_cache()
+    with get_parallel().override(dp_rank=rank), torch.no_grad(), override_platform(
+        **H.CUDA
+    ), H.scheduler_vit_metrics() as (_, registry):
         # Group 0 serves one request, group 1 three.
         requests = [
             H.make_request([(1, 8, 8)], seed=500 + 10 * rank + i)
             for i in range(1 + 2 * rank)
         ]
         H.run_prefill_embedding(model, requests)
-    return generate_latest(REGISTRY).decode()
+    return generate_latest(registry).decode()
 
 
 def test_two_attention_dp_groups_keep_separate_series():
     """What a Prometheus server scraping both groups' schedulers sees: one
     series per group, told apart by dp_rank, each with its own counts."""
-    from cpu_support.ranks import run_on_ranks
     from prometheus_client.parser import text_string_to_metric_families
 
     scrapes = run_on_ranks(_attention_dp_group, 2, timeout=400)
@@ -190,7 +98,7 @@ def test_two_attention_dp_groups_keep_separate_series():
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if (
-                    s.name == "sglang:mm_encoder_call_images_sum"
+                    s.name == "sglang:encoder_mm_items_per_call_sum"
                     and s.labels["path"] == "batched"
                 ):
                     key = tuple(sorted(s.labels.items()))
@@ -198,3 +106,71 @@ def test_two_attention_dp_groups_keep_separate_series():
                     seen[key] = s.value
     by_group = {dict(k)["dp_rank"]: v for k, v in seen.items()}
     assert by_group == {"0": 1.0, "1": 3.0}
+
+
+def _attention_cp_schedulers(rank, world_size, init_method):
+    """The schedulers of one group at attention-CP 2 (attention-TP 1: TP rank
+    r is CP rank r), with and without --enable-metrics-for-all-schedulers,
+    each after one per-request encoder call and one DP-encoder share of 3
+    grids: what each one's registry holds."""
+    from sglang.srt.managers.schedule_batch import MultimodalDataItem
+    from sglang.srt.multimodal.modality import Modality
+    from sglang.srt.multimodal.vit_batching import (
+        record_dp_encoder_share,
+        record_request_encoder_call,
+    )
+    from sglang.srt.runtime_context import get_parallel
+
+    T.publish_cpu_context()
+    item = MultimodalDataItem(
+        modality=Modality.IMAGE,
+        hash=7,
+        pad_value=7,
+        offsets=[(2, 17)],
+        model_specific_data={"image_grid_thw": torch.tensor([[1, 8, 8]])},
+    )
+    out = {}
+    for cp_rank in (0, 1):
+        for every in (False, True):
+            cp = dict(
+                tp_size=2,
+                tp_rank=cp_rank,
+                attn_cp_size=2,
+                attn_cp_rank=cp_rank,
+                moe_tp_size=2,
+                moe_tp_rank=cp_rank,
+            )
+            with get_parallel().override(**cp), H.scheduler_vit_metrics(
+                enable_metrics_for_all_schedulers=every
+            ) as (_, registry):
+                record_request_encoder_call("per_request", [item])
+                record_dp_encoder_share(3)
+            out[f"cp{cp_rank}-all{int(every)}"] = {
+                "calls": H.metric_total(registry, "sglang:encoder_calls_total"),
+                "grids": H.metric_samples(
+                    registry, "sglang:encoder_dp_rank_grids_total"
+                ),
+            }
+    return out
+
+
+@pytest.fixture(scope="module")
+def cp_schedulers():
+    return run_on_ranks(_attention_cp_schedulers, 1, timeout=180)[0]
+
+
+def test_calls_counted_once_per_group_unless_every_scheduler_reports(cp_schedulers):
+    assert {k: v["calls"] for k, v in cp_schedulers.items()} == {
+        "cp0-all0": 1,  # attention-TP rank 0 of CP rank 0 records
+        "cp0-all1": 1,
+        "cp1-all0": 0,  # another CP rank of the same group: already counted
+        "cp1-all1": 1,  # --enable-metrics-for-all-schedulers: every scheduler
+    }
+
+
+def test_every_scheduler_counts_its_dp_encoder_share(cp_schedulers):
+    """CP rank 1 records no calls, but its share is its own, under its tp_rank."""
+    for key, got in cp_schedulers.items():
+        ((labels, grids),) = got["grids"]
+        assert grids == 3, key
+        assert labels["tp_rank"] == key[2] and "rank" not in labels, (key, labels)

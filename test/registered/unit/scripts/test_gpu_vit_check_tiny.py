@@ -4,9 +4,10 @@ The script is the product (it is what runs when a GPU is lent). It runs
 once for the module, in a subprocess, through its own ``main`` with the
 documented arguments (``--tiny --repeats 1 --out DIR``), in a process that
 also notes, for every step the check times, the series' record of each
-encoder call in it (the DEBUG lines of ``observability/vit_batch_metrics``)
-and, where the step measures peak memory, how many bytes the embedding cache
-held when the measurement started. The tests read that one run: the
+encoder call in it (the DEBUG lines of ``observability/vit_batch_metrics``,
+from the collector a scheduler with ``--enable-metrics`` publishes) and,
+where the step measures peak memory, how many bytes the embedding cache held
+when the measurement started. The tests read that one run: the
 per-request and batched steps are the series' two paths; the cap rows are the
 series' capped calls, each measured from an empty embedding cache; the bf16
 batched-vs-alone rows with deterministic inference off and on (on: bitwise);
@@ -70,7 +71,9 @@ def _table_rows(markdown: str, first_header: str):
 # series' DEBUG line of each encoder call in it and, when the step measures
 # peak memory, the embedding cache's bytes when the measurement starts (read
 # right before the start value: anything cached then would be freed inside the
-# measurement and lower the peak). Nothing the check computes is replaced.
+# measurement and lower the peak). After the check publishes its context, the
+# scheduler's metrics collector is published as with --enable-metrics, since
+# the DEBUG lines are its own. Nothing the check computes is replaced.
 _OBSERVED_RUN = textwrap.dedent(
     """
     import contextlib, json, logging, sys
@@ -91,6 +94,17 @@ _OBSERVED_RUN = textwrap.dedent(
     log.setLevel(logging.DEBUG)
     log.propagate = False
 
+    real_init_ranks = G.init_ranks
+
+    def init_ranks(*args, **kwargs):
+        # What a scheduler with --enable-metrics publishes for the encoder
+        # path (the DEBUG lines come from its collector): rank 0 of one here.
+        real_init_ranks(*args, **kwargs)
+        from cpu_support.mm_harness import vit_metrics_collector
+        from sglang.srt.multimodal.vit_batching import set_vit_encoder_metrics
+
+        set_vit_encoder_metrics(vit_metrics_collector({"tp_rank": 0})[0])
+
     real_step = G.timed_step
 
     def timed_step(model, requests, dev, **kwargs):
@@ -109,6 +123,7 @@ _OBSERVED_RUN = textwrap.dedent(
             with super().peak() as out:
                 yield out
 
+    G.init_ranks = init_ranks
     G.timed_step = timed_step
     G.Device = Observed
     try:
@@ -162,8 +177,12 @@ def run(tmp_path_factory):
 
 
 def _encoder_call_line(path, images, patches):
-    """The series' DEBUG line of one encoder call in this one-rank process."""
-    return f"ViT encoder call: path={path} requests={images} images={images} patches={patches} rank=0"
+    """The series' DEBUG line of one encoder call of ``images`` single-image
+    requests in this one-rank process."""
+    return (
+        f"ViT encoder call: path={path} modality=image requests={images} "
+        f"items={images} patches={patches} tp_rank=0"
+    )
 
 
 def _burst_steps(report, steps, **match):
