@@ -31,9 +31,10 @@ burst), so a hung burst fails in minutes.
 
 Images per rank, encoder calls and images per call come from the server's
 ``/metrics`` (scraped before and after each burst): the series exports
-``sglang:mm_encoder_calls_total``, ``sglang:mm_encoder_call_images`` and
-``sglang:mm_encoder_rank_images_total`` (label ``rank``) with
-``--enable-metrics``; a pristine build exports none of them (n/a).
+``sglang:encoder_calls_total`` and ``sglang:encoder_mm_items_per_call`` (read
+for ``modality="image"``) and ``sglang:encoder_dp_rank_grids_total`` (per
+scheduler, told apart by its ``tp_rank`` label) with ``--enable-metrics``; a
+pristine build exports none of them (n/a).
 
 ``--server-log FILE``: the server's log (stdout+stderr). Torch compile
 events logged after the server reported ready are counted per rank, in
@@ -202,9 +203,11 @@ def compiles_per_rank(events: Sequence[CompileEvent]) -> Dict[str, int]:
     return dict(sorted(out.items()))
 
 
-ENCODER_CALLS = "sglang:mm_encoder_calls_total"
-ENCODER_IMAGES = "sglang:mm_encoder_call_images"
-ENCODER_RANK_IMAGES = "sglang:mm_encoder_rank_images_total"
+ENCODER_CALLS = "sglang:encoder_calls_total"
+ENCODER_ITEMS = "sglang:encoder_mm_items_per_call"
+ENCODER_RANK_GRIDS = "sglang:encoder_dp_rank_grids_total"
+# The call series' modality label of the images a burst sends.
+IMAGE = "image"
 
 
 def scrape_encoder_metrics(base_url: str, timeout: float = 10.0) -> Optional[dict]:
@@ -222,7 +225,10 @@ def scrape_encoder_metrics(base_url: str, timeout: float = 10.0) -> Optional[dic
 
 
 def parse_encoder_metrics(text: str) -> Optional[dict]:
-    """The encoder-call series of one Prometheus text exposition (see above)."""
+    """The encoder-call series of one Prometheus text exposition (see above),
+    summed over every label but ``path`` (calls) and ``tp_rank`` (grids per
+    rank). Calls and items are the image calls' (``modality="image"``); the
+    DP encoder's grids have no modality (for images, a grid is an image)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out = {
@@ -231,29 +237,31 @@ def parse_encoder_metrics(text: str) -> Optional[dict]:
         "images_sum": 0.0,
         "images_count": 0.0,
         "images_buckets": {},
-        "rank_images": {},
+        "rank_grids": {},
     }
     found = False
-    ours = (ENCODER_CALLS, ENCODER_RANK_IMAGES, ENCODER_IMAGES + "_count")
+    ours = (ENCODER_CALLS, ENCODER_RANK_GRIDS, ENCODER_ITEMS + "_count")
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             found = found or sample.name in ours
-            if sample.name == ENCODER_CALLS:
+            if sample.name == ENCODER_RANK_GRIDS:
+                rank = sample.labels.get("tp_rank", "")
+                out["rank_grids"][rank] = (
+                    out["rank_grids"].get(rank, 0.0) + sample.value
+                )
+            elif sample.labels.get("modality") != IMAGE:
+                continue
+            elif sample.name == ENCODER_CALLS:
                 out["calls"] += sample.value
                 path = sample.labels.get("path", "")
                 out["calls_by_path"][path] = (
                     out["calls_by_path"].get(path, 0.0) + sample.value
                 )
-            elif sample.name == ENCODER_IMAGES + "_sum":
+            elif sample.name == ENCODER_ITEMS + "_sum":
                 out["images_sum"] += sample.value
-            elif sample.name == ENCODER_IMAGES + "_count":
+            elif sample.name == ENCODER_ITEMS + "_count":
                 out["images_count"] += sample.value
-            elif sample.name == ENCODER_RANK_IMAGES:
-                rank = sample.labels.get("rank", "")
-                out["rank_images"][rank] = (
-                    out["rank_images"].get(rank, 0.0) + sample.value
-                )
-            elif sample.name == ENCODER_IMAGES + "_bucket":
+            elif sample.name == ENCODER_ITEMS + "_bucket":
                 le = float(sample.labels["le"])
                 out["images_buckets"][le] = (
                     out["images_buckets"].get(le, 0.0) + sample.value
@@ -265,8 +273,8 @@ def encoder_call_delta(before: Optional[dict], after: Optional[dict]) -> Optiona
     """Encoder calls made between two scrapes, and images per call (mean, max).
 
     The max is read from the histogram: the smallest bucket edge whose
-    cumulative count grew by every call of the interval (exact up to 8 images,
-    where the buckets are one apart).
+    cumulative count grew by every call of the interval (exact up to 16
+    images, where the buckets are one apart).
     """
     if after is None:
         return None
@@ -276,7 +284,7 @@ def encoder_call_delta(before: Optional[dict], after: Optional[dict]) -> Optiona
         "images_sum": 0.0,
         "images_count": 0.0,
         "images_buckets": {},
-        "rank_images": {},
+        "rank_grids": {},
     }
     calls = after["calls"] - before["calls"]
     n = after["images_count"] - before["images_count"]
@@ -297,10 +305,10 @@ def encoder_call_delta(before: Optional[dict], after: Optional[dict]) -> Optiona
         "images_per_call_max": (
             None if top is None or top == float("inf") else int(top)
         ),
-        # DP encoder: images each attention-TP rank encoded in the interval.
-        "rank_images": {
-            k: int(round(v - before["rank_images"].get(k, 0.0)))
-            for k, v in sorted(after["rank_images"].items())
+        # DP encoder: grids each scheduler (tp_rank) encoded in the interval.
+        "rank_grids": {
+            k: int(round(v - before["rank_grids"].get(k, 0.0)))
+            for k, v in sorted(after["rank_grids"].items())
         },
     }
 
@@ -308,19 +316,20 @@ def encoder_call_delta(before: Optional[dict], after: Optional[dict]) -> Optiona
 def images_per_rank(encoder: Optional[dict]) -> Optional[List[int]]:
     """Images each attention-TP rank encoded, rank 0 first, from an encoder delta.
 
-    Read from ``sglang:mm_encoder_rank_images_total`` (label ``rank``), which
-    the series exports with ``--enable-metrics`` when the DP encoder splits a
-    call; ``None`` (n/a) when the server exports no such series (a pristine
-    build, metrics off, or no DP encoder).
+    Read from ``sglang:encoder_dp_rank_grids_total`` (each scheduler's, by
+    its ``tp_rank`` label), which the series exports with ``--enable-metrics``
+    when the DP encoder splits a call; a burst's image is one grid. ``None``
+    (n/a) when the server exports no such series (a pristine build, metrics
+    off, or no DP encoder).
     """
-    if not encoder or not encoder.get("rank_images"):
+    if not encoder or not encoder.get("rank_grids"):
         return None
     try:
-        per = {int(k): v for k, v in encoder["rank_images"].items()}
+        per = {int(k): v for k, v in encoder["rank_grids"].items()}
     except ValueError:
         raise BenchError(
-            f"{ENCODER_RANK_IMAGES} has a non-integer rank label: "
-            f"{sorted(encoder['rank_images'])}"
+            f"{ENCODER_RANK_GRIDS} has a non-integer tp_rank label: "
+            f"{sorted(encoder['rank_grids'])}"
         ) from None
     return [per.get(r, 0) for r in range(max(per) + 1)]
 
@@ -638,8 +647,8 @@ def summarize_record(
 def cache_hits(cfg: BurstConfig, encoder: Optional[dict], completed: int) -> dict:
     """Images the burst's completed requests sent, and how many of them the
     encoder did not run on (served from SGLang's multimodal embedding cache):
-    sent minus the images the series' ``sglang:mm_encoder_call_images`` counted
-    in the burst. ``None`` without those metrics (pristine, metrics off)."""
+    sent minus the images the series' ``sglang:encoder_mm_items_per_call``
+    counted in the burst. ``None`` without those metrics (pristine, metrics off)."""
     sent = completed * cfg.image_count
     hits = None if not encoder else max(0, sent - encoder["images"])
     return {"images_sent": sent, "encoder_cache_hits": hits}

@@ -29,7 +29,8 @@ own call (the gate's, the warm-up decision's). The wrappers pass every positiona
 so a gate that takes arguments (e.g. the encoder function) keeps them.
 
 Images per rank are not logged here: the burst harness reads them from the
-series' ``sglang:mm_encoder_rank_images_total`` on ``/metrics``.
+series' ``sglang:encoder_dp_rank_grids_total`` on ``/metrics`` (one series
+per scheduler, by its ``tp_rank`` label).
 """
 
 import os

@@ -19,12 +19,15 @@ needs a GPU, and keeps the preconditions a real GPU server has:
   ``/metrics``. When the sglang
   on its ``PYTHONPATH`` has the series applied (``series.py status``),
   ``/metrics`` exports the series' encoder series through the tree's own
-  metrics class (``sglang.srt.observability.vit_batch_metrics
-  .ViTEncoderCallMetrics``, with the labels a scheduler gives it), each
-  request one encoder call whose images go to ranks by the tree's DP-encoder
-  load balancer (``mm_utils.get_dp_encoder_lb_assignment`` over the images'
-  patch counts), every rank recording its share as the series does; a
-  pristine tree exports none;
+  collector (``sglang.srt.observability.vit_batch_metrics
+  .ViTEncoderMetricsCollector``), one per simulated scheduler as a TP server
+  has them: each with a scheduler's labels (its own ``tp_rank``) in its own
+  registry, attention-TP rank 0 recording the call series, and ``/metrics``
+  holding every scheduler's series as a multiprocess server's does. Each
+  request is one encoder call whose images go to ranks by the tree's
+  DP-encoder load balancer (``mm_utils.get_dp_encoder_lb_assignment`` over
+  the images' patch counts), every scheduler recording its share as the
+  series does; a pristine tree exports none;
 * at start it records the compile-cache folders it was given
   (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``AITER_JIT_DIR``) and
   the files in them in ``$STUB_STATE_DIR/launch-N.json``, then writes one
@@ -46,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ROOT = os.path.dirname(
@@ -128,6 +132,57 @@ def _patches(url: str) -> int:
     return max(1, round(width / 32)) * 2 * max(1, round(height / 32)) * 2
 
 
+def _scheduler_collectors(model, tp_size):
+    """(collector, registry) of each scheduler of a TP server with
+    --enable-metrics: the tree's ViTEncoderMetricsCollector with the labels
+    SchedulerMetricsCollector.init_new gives that scheduler, in a registry of
+    its own; attention-TP rank 0 records the call series."""
+    import functools
+
+    import prometheus_client as pc
+
+    from sglang.srt.observability.vit_batch_metrics import ViTEncoderMetricsCollector
+
+    out = []
+    for rank in range(tp_size):
+        registry = pc.CollectorRegistry()
+
+        class OnRegistry(ViTEncoderMetricsCollector):
+            _counter_cls = functools.partial(pc.Counter, registry=registry)
+            _histogram_cls = functools.partial(pc.Histogram, registry=registry)
+
+        labels = {
+            "model_name": model,
+            "engine_type": "unified",
+            "tp_rank": rank,
+            "pp_rank": 0,
+            "moe_ep_rank": 0,
+        }
+        out.append((OnRegistry(labels, records_calls=rank == 0), registry))
+    return out
+
+
+def _exposition(registries):
+    """One /metrics text over the given registries: each metric family once,
+    with every registry's samples (what a multiprocess server's scrape
+    merges)."""
+    import prometheus_client as pc
+
+    families = {}
+    for registry in registries:
+        for family in registry.collect():
+            if family.name in families:
+                families[family.name].samples.extend(family.samples)
+            else:
+                families[family.name] = family
+
+    class Merged:
+        def collect(self):
+            return list(families.values())
+
+    return pc.generate_latest(Merged()).decode()
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model-path", required=True)
@@ -178,19 +233,13 @@ def main():
     import prometheus_client as pc
 
     series = _series_on_path()
+    registries = [pc.REGISTRY]
     if series:
         from sglang.srt.multimodal.mm_utils import get_dp_encoder_lb_assignment
-        from sglang.srt.observability.vit_batch_metrics import ViTEncoderCallMetrics
+        from sglang.srt.multimodal.modality import Modality
 
-        # The labels SGLang's scheduler metrics carry (scheduler_metric_labels()).
-        metrics = ViTEncoderCallMetrics(
-            {
-                "model_name": args.model_path,
-                "engine_type": "unified",
-                "tp_rank": 0,
-                "pp_rank": 0,
-            }
-        )
+        schedulers = _scheduler_collectors(args.model_path, args.tp_size)
+        registries += [registry for _, registry in schedulers]
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -211,7 +260,7 @@ def main():
             elif self.path == "/v1/models":
                 self._send(200, json.dumps({"data": [{"id": args.model_path}]}))
             elif self.path == "/metrics":
-                self._send(200, pc.generate_latest(pc.REGISTRY).decode(), "text/plain")
+                self._send(200, _exposition(registries), "text/plain")
             else:
                 self._send(404, "{}")
 
@@ -248,12 +297,18 @@ def main():
                     if isinstance(c, dict) and c.get("type") == "image_url"
                 ]
                 _, per_rank, _ = get_dp_encoder_lb_assignment(sizes, args.tp_size)
+                items = [types.SimpleNamespace(modality=Modality.IMAGE)] * k
                 with lock:
-                    metrics.observe_call(
-                        "batched", requests=1, images=k, patches=sum(sizes)
-                    )
-                    for rank, count in enumerate(per_rank):
-                        metrics.observe_rank_images(rank, count)
+                    # Every scheduler runs the call (one request's k images);
+                    # each records its own share.
+                    for (metrics, _), count in zip(schedulers, per_rank):
+                        metrics.observe_batched_calls(
+                            items,
+                            [list(range(k))],
+                            [[n] for n in sizes],
+                            lambda: [0] * k,
+                        )
+                        metrics.observe_dp_encoder_share(count)
             out = int(body.get("max_completion_tokens") or 4)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")

@@ -236,13 +236,14 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
     assert wait["waited_s"] >= 1.0 and wait["used_mib"] == {"0": 300.0, "1": 300.0}
 
     # Item 7: images per rank and calls from /metrics, as the series tree's own
-    # ViTEncoderCallMetrics exports them (all its labels); pristine exports none.
-    # Each one-image request is one call, and the DP load balancer puts a lone
-    # image on rank 0; rank 1 records its empty share.
+    # ViTEncoderMetricsCollector exports them (one per scheduler, each with
+    # its labels); pristine exports none. Each one-image request is one call,
+    # and the DP load balancer puts a lone image on tp_rank 0; tp_rank 1
+    # records its empty share.
     base, series = (r["result"]["bursts"][0]["stats"] for r in ab["runs"])
     assert base["images_per_rank"] is None and base["encoder"] is None
     assert series["images_per_rank"] == [2, 0]
-    assert series["encoder"]["rank_images"] == {"0": 2, "1": 0}
+    assert series["encoder"]["rank_grids"] == {"0": 2, "1": 0}
     assert (
         series["encoder"]["calls_by_path"] == {"batched": 2}
         and series["encoder"]["images"] == 2

@@ -4,7 +4,7 @@ The same GPU box as ``test_ab_dry_run.py`` (stub ``launch_server``, fake
 ``nvidia-smi``, pinned-revision download into a private cache, the real
 pristine and series trees): two alternating runs of mixed bursts, each with a
 bad image the server refuses. The series build's ``/metrics`` come from the
-series tree's own ``ViTEncoderCallMetrics`` (see ``stub_gpu_server.py``).
+series tree's own ``ViTEncoderMetricsCollector`` (see ``stub_gpu_server.py``).
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -96,8 +96,9 @@ def test_mixed_ab_on_the_gpu_path(gpu_box, capsys):  # noqa: F811
     assert series["encoder"]["images"] == 12 and series["encoder"]["calls_by_path"] == {
         "batched": 12
     }
-    # every rank records its share of every call, the lone image of a call on rank 0
-    assert series["encoder"]["rank_images"] == {"0": 12, "1": 0}
+    # every scheduler records its share of every call, the lone image of a
+    # call on tp_rank 0
+    assert series["encoder"]["rank_grids"] == {"0": 12, "1": 0}
     assert all(r["caches"]["cold"] for r in ab["runs"])
     rows = {r["build"]: r for r in ab["mixed_rows"]}
     assert rows["base"]["runs"] == rows["series"]["runs"] == 2

@@ -1,52 +1,94 @@
-"""The burst table's "encoder calls" and "images per call" columns, from a real
-Prometheus exposition of the fork's series (the real ViTEncoderCallMetrics,
-on a private registry); and "n/a" from an exposition without them (a control:
-the parser alone)."""
+"""The burst table's "encoder calls", "images per call" and "images per rank"
+columns, from a real Prometheus exposition of the fork's series (the real
+ViTEncoderMetricsCollector of each scheduler, on its own private registry,
+fed through its observe methods); and "n/a" from an exposition without them
+(a control: the parser alone)."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
+import types  # noqa: E402
+
 import bench_image_burst as B  # noqa: E402
-import prometheus_client  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+LABELS = {"model_name": "tiny", "engine_type": "unified", "pp_rank": 0}
+
+
+def _items(count, modality="IMAGE", patches=64):
+    """``count`` items of ``modality``, each one grid of ``patches`` patches
+    (audio: that many placeholder tokens)."""
+    from sglang.srt.multimodal.modality import Modality
+
+    side = int(patches**0.5)
+    grid = {"image_grid_thw": torch.tensor([[1, side, side]])}
+    return [
+        types.SimpleNamespace(
+            modality=Modality[modality],
+            model_specific_data=grid if modality == "IMAGE" else {},
+            offsets=[(0, patches - 1)],
+        )
+        for _ in range(count)
+    ]
+
+
+class Server:
+    """Two schedulers' collectors (tp_rank 0 records the call series, as
+    attention-TP rank 0 does); ``text()`` is a /metrics holding both
+    schedulers' series (each registry's exposition in turn)."""
+
+    def __init__(self):
+        from cpu_support.mm_harness import vit_metrics_collector
+
+        self.ranks = [
+            vit_metrics_collector({**LABELS, "tp_rank": rank}, rank == 0)
+            for rank in (0, 1)
+        ]
+
+    def batched(self, images):
+        """One cross-request call of ``images`` single-image requests."""
+        metrics = self.ranks[0][0]
+        items = _items(images)
+        metrics.observe_batched_calls(
+            items, [list(range(images))], [[64]] * images, lambda: list(range(images))
+        )
+
+    def per_request(self, images, modality="IMAGE"):
+        self.ranks[0][0].observe_request_call("per_request", _items(images, modality))
+
+    def shares(self, *grids):
+        for (metrics, _), n in zip(self.ranks, grids):
+            metrics.observe_dp_encoder_share(n)
+
+    def text(self):
+        from prometheus_client import generate_latest
+
+        return "".join(generate_latest(r).decode() for _, r in self.ranks)
 
 
 @pytest.fixture
-def exposition(monkeypatch):
-    """Series built by the real class, registered on a fresh registry."""
-    from sglang.srt.observability import vit_batch_metrics as M
-
-    registry = prometheus_client.CollectorRegistry()
-    for cls in (prometheus_client.Counter, prometheus_client.Histogram):
-        monkeypatch.setattr(prometheus_client, cls.__name__, _on(cls, registry))
-    metrics = M.ViTEncoderCallMetrics({"model_name": "tiny"})
-    return metrics, lambda: prometheus_client.generate_latest(registry).decode()
+def server():
+    return Server()
 
 
-def _on(cls, registry):
-    def make(*args, **kwargs):
-        return cls(*args, registry=registry, **kwargs)
-
-    return make
-
-
-def test_delta_counts_calls_images_and_max(exposition):
-    metrics, text = exposition
-    metrics.observe_call("batched", 2, 2, 128)  # before the burst
-    before = B.parse_encoder_metrics(text())
+def test_delta_counts_calls_images_and_max(server):
+    server.batched(2)  # before the burst
+    before = B.parse_encoder_metrics(server.text())
     for images in (3, 1, 5):
-        metrics.observe_call("batched", images, images, 64 * images)
-    metrics.observe_call("per_request", 1, 1, 64)
-    metrics.observe_rank_images(0, 6)
-    metrics.observe_rank_images(1, 4)
-    d = B.encoder_call_delta(before, B.parse_encoder_metrics(text()))
+        server.batched(images)
+    server.per_request(1)
+    # Audio is another modality: not an image call of the burst.
+    server.per_request(1, modality="AUDIO")
+    server.shares(6, 4)
+    d = B.encoder_call_delta(before, B.parse_encoder_metrics(server.text()))
     assert d["encoder_calls"] == 4
     assert d["calls_by_path"] == {"batched": 3, "per_request": 1}
     assert d["images"] == 10
     assert d["images_per_call_mean"] == pytest.approx(10 / 4)
     assert d["images_per_call_max"] == 5
-    assert d["rank_images"] == {"0": 6, "1": 4}
+    assert d["rank_grids"] == {"0": 6, "1": 4}
     assert B.fmt_encoder(d) == ("4", "2.50 / 5")
     # The table's "Images per rank" column comes from these counters.
     assert B.images_per_rank(d) == [6, 4]
@@ -64,18 +106,16 @@ def test_no_series_means_not_available():
     assert B.images_per_rank(None) is None and B.fmt_images(None) == "n/a"
 
 
-def test_rank_images_alone_are_enough_and_missing_ranks_are_zero(exposition):
+def test_rank_grids_alone_are_enough_and_missing_ranks_are_zero(server):
     """A rank that encoded nothing in the interval still gets its column."""
-    metrics, text = exposition
-    metrics.observe_rank_images(1, 3)
-    d = B.encoder_call_delta(None, B.parse_encoder_metrics(text()))
+    server.ranks[1][0].observe_dp_encoder_share(3)
+    d = B.encoder_call_delta(None, B.parse_encoder_metrics(server.text()))
     assert B.images_per_rank(d) == [0, 3]
 
 
-def test_idle_interval_is_zero_calls(exposition):
-    metrics, text = exposition
-    metrics.observe_call("batched", 1, 1, 64)
-    snap = B.parse_encoder_metrics(text())
-    d = B.encoder_call_delta(snap, B.parse_encoder_metrics(text()))
+def test_idle_interval_is_zero_calls(server):
+    server.batched(1)
+    snap = B.parse_encoder_metrics(server.text())
+    d = B.encoder_call_delta(snap, B.parse_encoder_metrics(server.text()))
     assert d["encoder_calls"] == 0 and d["images_per_call_mean"] is None
     assert B.fmt_encoder(d) == ("0", "n/a / n/a")

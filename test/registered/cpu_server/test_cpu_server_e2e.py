@@ -96,7 +96,7 @@ def test_each_request_was_one_batched_call_with_one_image_per_rank(shared_tp2_se
         enc = burst["stats"]["encoder"]
         assert (
             enc is not None
-        ), "the series build exports sglang:mm_encoder_* with --enable-metrics"
+        ), "the series build exports sglang:encoder_* with --enable-metrics"
         assert enc["images"] == PROMPTS * IMAGES
         assert enc["encoder_calls"] == PROMPTS
         assert {k: v for k, v in enc["calls_by_path"].items() if v} == {
@@ -104,13 +104,15 @@ def test_each_request_was_one_batched_call_with_one_image_per_rank(shared_tp2_se
         }, enc
         assert enc["images_per_call_mean"] == IMAGES
         assert enc["images_per_call_max"] == IMAGES
-        assert enc["rank_images"] == {"0": PROMPTS, "1": PROMPTS}, enc
-    # The start-up-to-now counters hold at least every burst's images.
+        assert enc["rank_grids"] == {"0": PROMPTS, "1": PROMPTS}, enc
+    # The start-up-to-now counters hold at least every burst's images: one
+    # series per scheduler, told apart by its tp_rank label.
     totals = {}
     for family in text_string_to_metric_families(shared_tp2_server["metrics"]):
         for sample in family.samples:
-            if sample.name == "sglang:mm_encoder_rank_images_total":
-                totals[sample.labels["rank"]] = sample.value
+            if sample.name == "sglang:encoder_dp_rank_grids_total":
+                assert sample.labels["tp_rank"] not in totals, sample.labels
+                totals[sample.labels["tp_rank"]] = sample.value
     assert sorted(totals) == ["0", "1"]
     assert all(totals[k] >= BURSTS * PROMPTS for k in totals), totals
 

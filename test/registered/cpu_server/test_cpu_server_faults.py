@@ -87,13 +87,13 @@ def test_after_the_fault_the_gate_batches_and_every_request_answers(shared_tp2_s
         assert rec["completed"] == PROMPTS and burst["stats"]["failed"] == 0
         assert all(e in ("", None) for e in rec["errors"])
         enc = burst["stats"]["encoder"]
-        assert enc is not None, "no sglang:mm_encoder_* series in /metrics"
+        assert enc is not None, "no sglang:encoder_* series in /metrics"
         assert {k: v for k, v in enc["calls_by_path"].items() if v} == {
             "batched": PROMPTS
         }, enc
-        assert sum(enc["rank_images"].values()) == PROMPTS * IMAGES
-        assert sorted(enc["rank_images"]) == ["0", "1"], enc
-        assert all(v >= 1 for v in enc["rank_images"].values()), enc
+        assert sum(enc["rank_grids"].values()) == PROMPTS * IMAGES
+        assert sorted(enc["rank_grids"]) == ["0", "1"], enc
+        assert all(v >= 1 for v in enc["rank_grids"].values()), enc
 
 
 @pytest.mark.slow

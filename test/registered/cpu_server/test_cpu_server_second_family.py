@@ -59,8 +59,8 @@ def test_no_dynamo_compile_after_ready(shared_tp2_server):
     # Every burst gave both ranks images (so rank 1 ran its tower after ready).
     for burst in data["bursts"]:
         enc = burst["stats"]["encoder"]
-        assert enc is not None and sorted(enc["rank_images"]) == ["0", "1"], enc
-        assert all(v >= 1 for v in enc["rank_images"].values()), enc
+        assert enc is not None and sorted(enc["rank_grids"]) == ["0", "1"], enc
+        assert all(v >= 1 for v in enc["rank_grids"].values()), enc
     counted = data["server_log"]
     assert counted["ready_marker_seen"]
     assert counted["compiles_after_ready_per_rank"] == {}, counted[
