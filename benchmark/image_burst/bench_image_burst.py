@@ -318,9 +318,9 @@ def images_per_rank(encoder: Optional[dict]) -> Optional[List[int]]:
 
     Read from ``sglang:encoder_dp_rank_grids_total`` (each scheduler's, by
     its ``tp_rank`` label), which the series exports with ``--enable-metrics``
-    when the DP encoder splits a call; a burst's image is one grid. ``None``
-    (n/a) when the server exports no such series (a pristine build, metrics
-    off, or no DP encoder).
+    when the DP encoder's image-level runner splits a call; a burst's image
+    is one grid. ``None`` (n/a) when the server exports no such series (a
+    pristine build, metrics off, or no such DP encoder).
     """
     if not encoder or not encoder.get("rank_grids"):
         return None
