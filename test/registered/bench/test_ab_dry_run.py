@@ -12,13 +12,13 @@ here writes the tiny model into a private cache as the pinned commit, and no
 
 One A/B of two runs (no text warm-up, two bursts of two requests) whose third
 launch fails checks, in one go:
-the untimed pre-fetch before the first launch (issue 11, item 6); every
+the untimed pre-fetch before the first launch; every
 request completing offline although "main" is not cached (item 1); the wait
 for GPU memory between launches (item 5); ab.json holding every finished run
 after a failed launch (item 4); images per rank and encoder calls from
 ``/metrics`` as the series tree's own metrics class exports them (item 7);
 every launch cold, with its own empty compile-cache folders, and the ready
-timeout derived from the first launch (issue 19); burst 2 sending burst 1's
+timeout derived from the first launch; burst 2 sending burst 1's
 images with its encoder-cache hits counted. A second A/B with
 ``--throwaway-launch`` checks that each build's untimed launch comes first,
 cold, and seeds the ready timeout of the launches after it.
@@ -257,7 +257,7 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
     assert "- burst images: burst 2 sends burst 1's images again (seed 42" in md
     assert "from /metrics), series: 0/2" in md and "from /metrics), base: n/a" in md
 
-    # Issue 19: every launch cold (its own empty Inductor and Triton folders,
+    # Every launch cold (its own empty Inductor and Triton folders,
     # which the server then filled), and the ready timeout: 1800 s for the
     # first launch, then 3x the slowest launch so far, at least 300 s.
     seen = [
@@ -276,7 +276,7 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
     assert [r["ready_timeout_s"] for r in ab["runs"]] == [1800.0, 300.0]
     assert "- compile caches: 2 of 2 launches cold" in md
 
-    # Issue 19, the reviewer's three costs (test_beside_the_images.py has the CPU memory path).
+    # The reviewer's three costs (test_beside_the_images.py has the CPU memory path).
     for r in ab["runs"]:
         for burst in r["result"]["bursts"]:
             text = burst["stats"]["text_stream"]

@@ -273,7 +273,7 @@ def test_pinned_snapshot_is_what_bench_serving_loads_offline(tmp_path):
     assert out.stdout.split()[0] == "Qwen3VLProcessor"
 
 
-# ---------------------------------------------------------------- issue 19: cold launches
+# ---------------------------------------------------------------- cold launches
 
 
 def test_every_launch_gets_empty_caches_and_its_own_aiter_snapshot_copy(tmp_path):

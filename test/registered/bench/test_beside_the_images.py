@@ -1,4 +1,4 @@
-"""The reviewer's three costs in the A/B (issue 19): a text-only stream beside
+"""The reviewer's three costs in the A/B: a text-only stream beside
 the image bursts, image sizes no warm-up used, peak memory per rank per burst.
 
 The GPU path's dry run of all three options is part of ``test_ab_dry_run.py``

@@ -1,4 +1,4 @@
-"""Mixed-traffic bursts of benchmark/image_burst/bench_image_burst.py (issue 13): the plan and its statistics."""
+"""Mixed-traffic bursts of benchmark/image_burst/bench_image_burst.py: the plan and its statistics."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 

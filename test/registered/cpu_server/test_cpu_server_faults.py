@@ -1,4 +1,4 @@
-"""A failure of the series on one rank of a real server (issue 17).
+"""A failure of the series on one rank of a real server.
 
 The shared TP2 server of ``conftest.py`` (tiny Qwen2.5-VL, series tree,
 ``--tp-size 2 --mm-enable-dp-encoder --enable-metrics``, the ROCm simulation)

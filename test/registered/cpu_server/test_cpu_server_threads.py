@@ -1,4 +1,4 @@
-"""Issue 13 set-up: intra-op threads per rank of the CPU server, and the tower-timing hook."""
+"""Intra-op threads per rank of the CPU server, and the tower-timing hook."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 

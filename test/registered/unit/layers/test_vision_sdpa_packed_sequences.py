@@ -1,4 +1,4 @@
-"""VisionSdpaAttention with several sequences packed in one call (issue 5).
+"""VisionSdpaAttention with several sequences packed in one call.
 
 The fork's patch "Attend packed vision sequences one by one in the SDPA
 backend" replaces the dense [1, s, s] block-diagonal mask with one attention

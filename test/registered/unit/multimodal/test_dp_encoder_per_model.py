@@ -1,4 +1,4 @@
-"""Per model and modality: does the DP encoder spread a call, and what the cap counts (issue #18).
+"""Per model and modality: does the DP encoder spread a call, and what the cap counts.
 
 Two gloo ranks, attention-TP 2, ``--mm-enable-dp-encoder`` on, ROCm simulated
 with ``override_platform``; two single-item requests per case go through the
@@ -22,7 +22,7 @@ real ``mm_schedule._get_chunked_prefill_embedding`` with real
   that returns zeros, one row per placeholder token. The thinker's audio
   encode is real.
 * On CUDA the gate batches whatever the model (the decision table's CUDA
-  rows, test_hip_dp_encoder_vit_batching.py); here only the thinker's audio
+  rows, test_gate_prefill_paths.py); here only the thinker's audio
   runs on CUDA too, as the batched reference of its ROCm rows.
 
 The cap (``--mm-max-encoder-patches-per-call``) is checked in the unit each

@@ -1,4 +1,4 @@
-"""The ROCm ViT batching gate with a REAL model that is not data-parallel (issue #10).
+"""The ROCm ViT batching gate with a REAL model that is not data-parallel.
 
 ``--mm-enable-dp-encoder`` on, attention-TP 2 (two gloo ranks), ROCm simulated
 with ``override_platform``. SGLang's real ``Gemma3ForConditionalGeneration``
@@ -7,7 +7,7 @@ SigLIP tower is TP-sharded, so every rank runs every encoder call and nothing
 is spread. The gate must keep it per request on ROCm (two single-image
 requests, two encoder calls) and say why; on CUDA the same Gemma3 batches. (A
 data-parallel family on the same setting, one call spread over both ranks, is
-test_hip_dp_encoder_vit_batching.py's two-rank test.)
+test_gate_prefill_paths.py's two-rank test.)
 
 SGLang's real post-load hook is checked on the same ranks for Gemma3 (the
 flag distributes nothing), InternVL (spread, but no warm-up of its own) and a

@@ -1,4 +1,4 @@
-"""The post-load vision warm-up (issue 3), against SGLang's real models on CPU.
+"""The post-load vision warm-up, against SGLang's real models on CPU.
 
 The hooks under test are the real ``precompile_kernels_after_loading`` of
 SGLang's Qwen3-VL, Qwen3.5, Qwen3.5-MoE, Qwen4-Exp and GLM-5-Next classes,

@@ -1,5 +1,5 @@
 """The post-load vision warm-up for Qwen2.5-VL, GLM-4V, GLM-4.5V-MoE and the
-Bailing families (issue 10), against SGLang's real model classes on CPU.
+Bailing families, against SGLang's real model classes on CPU.
 
 Each family is SGLang's real class built from a tiny random-weight config
 (``cpu_support.tiny_vl_family``). The hook under test is SGLang's real

@@ -31,7 +31,6 @@ from cpu_support import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
 
 GRAPH_ENV = "SGLANG_VIT_ENABLE_CUDA_GRAPH"
-GRAPH_BOUND = 32  # the series' graphs per tower
 GRID = (1, 8, 8)  # one size: every single-image call has the same layout
 
 
@@ -210,89 +209,3 @@ def test_dp_encoder_ranks_agree_with_each_other_and_with_each_image_alone(dp_ran
     for out in dp_ranks:
         assert torch.equal(out["rows"], out["alone"])
     assert torch.equal(rank0["rows"], rank1["rows"])
-
-
-# --- custom all-reduce registrations -------------------------------------------
-#
-# A tower that is not data-parallel captures inside custom all-reduce's
-# capture(); on leaving it a real communicator registers the graph's buffers
-# in a table that nothing ever frees. The stand-in counts those registrations
-# (the real one needs GPUs) and is set on SGLang's real TP group.
-
-DISTINCT_LAYOUTS = 40
-RECURRING = 8  # the first layouts, seen again after the others
-
-
-class _CustomAllReduceStandIn:
-    def __init__(self, disabled=False):
-        self.disabled = disabled
-        self.registrations = 0
-
-    @contextlib.contextmanager
-    def capture(self):
-        try:
-            yield
-        finally:
-            if not self.disabled:
-                self.registrations += 1
-
-
-def _layout_stream(model, communicator):
-    """DISTINCT_LAYOUTS one-image layouts, then the first RECURRING again,
-    through the tower with the graph on; what the communicator registered,
-    how many graphs the runner keeps, and the cache's log lines."""
-    from sglang.srt.runtime_context import get_parallel
-
-    runner = model.visual.graph_runners
-    _forget_graphs(runner)
-    group = get_parallel().tp_group
-    log = H.capture_log("sglang.srt.multimodal.vit_graph_cache")
-    log.lines.clear()
-    width = model.visual.patch_embed.proj.weight[0].numel()
-    grids = [(1, 2, 2 * (k + 1)) for k in range(DISTINCT_LAYOUTS)]
-    real, group.ca_comm = group.ca_comm, communicator
-    try:
-        with graph_on(), torch.no_grad():
-            for grid in grids + grids[:RECURRING]:
-                model.visual(
-                    torch.randn(grid[1] * grid[2], width), torch.tensor([grid])
-                )
-    finally:
-        group.ca_comm = real
-    kept = len(runner.block_graphs)
-    _forget_graphs(runner)
-    return communicator.registrations, kept, [m for _, m in log.lines]
-
-
-def _forget_graphs(runner):
-    """A runner with no graph, as the tower is built (the other tests of this
-    module captured some); on this server no capture registers, so the
-    series' own drop frees them."""
-    from sglang.srt.multimodal.vit_graph_cache import drop_vit_cuda_graphs
-
-    drop_vit_cuda_graphs(runner.vit)
-    assert not runner.block_graphs
-
-
-def test_a_tower_that_registers_with_custom_all_reduce_keeps_every_graph(model):
-    """Pristine never recaptures, so it registers once per distinct layout;
-    the series registers exactly as many (an evicted graph gives nothing back,
-    so evicting would recapture and register the recurring layouts again)."""
-    assert model.visual.use_data_parallel is False
-    registrations, kept, lines = _layout_stream(model, _CustomAllReduceStandIn())
-    assert registrations == DISTINCT_LAYOUTS
-    assert kept == DISTINCT_LAYOUTS
-    assert lines == [
-        "ViT CUDA graph cache not bounded for Qwen3VLMoeVisionModel: its captures "
-        "register with custom all-reduce, which keeps every registration, so it "
-        "keeps every graph as upstream does"
-    ]
-
-
-def test_without_custom_all_reduce_the_bound_holds(model):
-    registrations, kept, lines = _layout_stream(
-        model, _CustomAllReduceStandIn(disabled=True)
-    )
-    assert registrations == 0
-    assert kept == GRAPH_BOUND
-    assert len(lines) == 1 and lines[0].startswith("ViT CUDA graph cache full")

@@ -1,9 +1,9 @@
-"""Deterministic inference on the batched ViT paths other than Qwen3-VL's (issue #12).
+"""Deterministic inference on the batched ViT paths other than Qwen3-VL's.
 
 Under ``--enable-deterministic-inference`` an image's embedding must be
 bitwise what it is when the image is encoded alone, on every path the series
 batches across requests, or that path must not batch. Two paths beyond the
-mrope DP runner (covered by test_vit_deterministic_batching.py):
+mrope DP runner (covered by the deterministic patch's own test_vit_deterministic_encoding.py):
 
 (a) a non-mrope DP runner: SGLang's real ``InternVLChatModel``
     (models/internvl.py) built with ``--mm-enable-dp-encoder`` at
