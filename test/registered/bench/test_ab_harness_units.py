@@ -67,7 +67,11 @@ def test_waits_until_memory_is_back_near_the_baseline(tmp_path, monkeypatch):
 
     def release():
         time.sleep(1.0)
-        state.write_text("0, 900\n1, 420\n")  # within the slack of the baseline
+        # within the slack of the baseline; replaced whole, so the fake tool
+        # polling meanwhile never reads a half-written file
+        fresh = state.with_suffix(".new")
+        fresh.write_text("0, 900\n1, 420\n")
+        os.replace(fresh, state)
 
     threading.Thread(target=release).start()
     t0 = time.monotonic()

@@ -85,6 +85,17 @@ def created_by(series_dir: Path) -> set[str]:
     return out
 
 
+def test_files_of(series_dir: Path) -> set[str]:
+    """The test files (test/...) the series' patches carry."""
+    out = set()
+    for name in real_series_names() if series_dir == PATCHES else []:
+        for line in (series_dir / name).read_text().splitlines():
+            m = re.match(r"^diff --git a/(test/\S+) b/\S+$", line)
+            if m:
+                out.add(m.group(1))
+    return out
+
+
 def touched_by(series_dir: Path) -> set[str]:
     """Upstream files the series changes (the files it creates left out)."""
     return {path for path, _ in _diff_sections(series_dir)} - created_by(series_dir)
@@ -904,7 +915,8 @@ def test_each_layout_applies_and_reverts_byte_identically(
     before = snapshot(root)
     code_before = snapshot(code)
     n = len(real_series_names()) + 2
-    skipped = "2 test file(s) not applied: this target has no test/ tree"
+    n_tests = len(test_files_of(PATCHES)) + 2  # the live series' and the two added
+    skipped = f"{n_tests} test file(s) not applied: this target has no test/ tree"
 
     r = run("check", "--target", target, series_dir=series)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -937,7 +949,7 @@ def test_each_layout_applies_and_reverts_byte_identically(
         assert b"assert VALUE == 42" in (root / NEW_TEST).read_bytes()
     else:
         assert r.stdout.count(skipped) == 1, r.stdout
-        assert st["layout"] == "package" and st["test_files_not_applied"] == 2
+        assert st["layout"] == "package" and st["test_files_not_applied"] == n_tests
         assert (
             "layout" not in stamp
         ), "a package target's stamp is the one the tool always wrote"
@@ -1097,7 +1109,7 @@ def test_repository_form_round_trip_and_git_am_without_flags(
     r = run("import", "--target", root, series_dir=series)
     assert r.returncode == 0, r.stderr
     assert sorted(git(root, "ls-files", "test").split()) == sorted(
-        [EXISTING_TEST, NEW_TEST]
+        [EXISTING_TEST, NEW_TEST, *test_files_of(PATCHES)]
     )
     # The repository root's own tests are part of the pristine upstream commit.
     assert git(
