@@ -85,7 +85,7 @@ def created_by(series_dir: Path) -> set[str]:
     return out
 
 
-def test_files_of(series_dir: Path) -> set[str]:
+def series_test_files(series_dir: Path) -> set[str]:
     """The test files (test/...) the series' patches carry."""
     out = set()
     for name in real_series_names() if series_dir == PATCHES else []:
@@ -915,7 +915,7 @@ def test_each_layout_applies_and_reverts_byte_identically(
     before = snapshot(root)
     code_before = snapshot(code)
     n = len(real_series_names()) + 2
-    n_tests = len(test_files_of(PATCHES)) + 2  # the live series' and the two added
+    n_tests = len(series_test_files(PATCHES)) + 2  # the live series' and the two added
     skipped = f"{n_tests} test file(s) not applied: this target has no test/ tree"
 
     r = run("check", "--target", target, series_dir=series)
@@ -1109,7 +1109,7 @@ def test_repository_form_round_trip_and_git_am_without_flags(
     r = run("import", "--target", root, series_dir=series)
     assert r.returncode == 0, r.stderr
     assert sorted(git(root, "ls-files", "test").split()) == sorted(
-        [EXISTING_TEST, NEW_TEST, *test_files_of(PATCHES)]
+        [EXISTING_TEST, NEW_TEST, *series_test_files(PATCHES)]
     )
     # The repository root's own tests are part of the pristine upstream commit.
     assert git(
