@@ -9,8 +9,8 @@ call per group of equal-length sequences. What is checked here:
   block-diagonal boolean mask over the concatenation, one SDPA call), not
   taken from SGLang and not mocked;
 * per-sequence invariance: a sequence's rows do not depend on what else is
-  packed with it (bitwise), at the layer and through SGLang's real tiny
-  Qwen3-VL tower (fp32 and bf16);
+  packed with it (bitwise), at the layer (through the tiny Qwen3-VL tower:
+  the patch's own test_vision_sdpa_per_image_attention.py);
 * memory: a batch whose dense mask would need more than 1 GiB is attended
   with a measured peak far below that, in a fresh child process;
 * the paths the patch must leave alone (cu_seqlens=None, flatten_batch=False,
@@ -31,8 +31,6 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
-from cpu_support import tiny_qwen3_vl as T  # noqa: E402
-from cpu_support.ranks import run_on_ranks  # noqa: E402
 
 HEADS = 4
 HEAD_DIM = 16
@@ -276,69 +274,3 @@ def test_batch_with_a_dense_mask_over_1gib_runs_without_allocating_it():
     # q/k/v/out are 4 MiB each; per-group work is tens of MiB. A dense bool
     # mask alone would add > 1 GiB (and SDPA's float copy of it 4x that).
     assert grown < 256 << 20, f"peak grew by {grown / 2**20:.0f} MiB during the call"
-
-
-# ---------------------------------------------------------------------------
-# The real tiny Qwen3-VL tower: batched == alone, bitwise
-# ---------------------------------------------------------------------------
-
-# Mixed sizes with repeats (one group of 24x24, one of 8x8, two singles).
-# Grids stay >= 8x8 patches: MKL's GEMM takes a different small-M kernel for
-# an image of a handful of merged tokens, which is the BLAS's batch
-# dependence, not attention's.
-TOWER_GRIDS = [(1, 24, 24), (1, 8, 8), (1, 12, 16), (1, 24, 24), (1, 8, 8), (1, 16, 12)]
-
-
-def _tower_worker(rank, world_size, init_method, grids):
-    T.publish_cpu_context(tp_size=1)
-    T.init_gloo(rank, world_size, init_method)
-    report = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        model = T.build_tiny_qwen3_vl(dtype=dtype, seed=11)
-        items = [T.image_item(tuple(g), seed=100 + i) for i, g in enumerate(grids)]
-        with torch.no_grad():
-            batched = model.get_image_feature(items)
-            alone = [model.get_image_feature([item]) for item in items]
-        rows, per_image = 0, []
-        for emb in alone:
-            part = batched[rows : rows + emb.shape[0]]
-            rows += emb.shape[0]
-            per_image.append(
-                (
-                    bool(torch.equal(part, emb)),
-                    float((part.float() - emb.float()).abs().max()),
-                )
-            )
-        report[str(dtype)] = dict(
-            rows=rows, total=batched.shape[0], per_image=per_image
-        )
-    return report
-
-
-@pytest.fixture(scope="module")
-def tower_report():
-    # One thread: keeps the BLAS's own threading out of the comparison.
-    return run_on_ranks(_tower_worker, 1, TOWER_GRIDS, timeout=400, threads_per_rank=1)[
-        0
-    ]
-
-
-@pytest.mark.parametrize(
-    "dtype",
-    [
-        "torch.float32",
-        pytest.param(
-            "torch.bfloat16",
-            marks=pytest.mark.control(
-                reason="bf16: the tiny tower's rows are bitwise the per-image ones on pristine too (bf16 "
-                "rounding hides the masked call's differences, which the fp32 case catches); "
-                "kept as the bf16 property the series must not break"
-            ),
-        ),
-    ],
-)
-def test_tower_batched_embeddings_are_bitwise_the_per_image_ones(tower_report, dtype):
-    report = tower_report[dtype]
-    assert report["rows"] == report["total"]
-    diffs = [d for _, d in report["per_image"]]
-    assert all(eq for eq, _ in report["per_image"]), f"max |diff| per image: {diffs}"
