@@ -158,15 +158,19 @@ def pristine_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
     return dest
 
 
-def series_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
-    dest = os.path.join(root, f"sglang-{version}-series")
-    pristine = pristine_tree(root, version)
-
+def _series_copy(dest: str, pristine: str, version: str, repository: bool) -> str:
+    """``dest``: a copy of ``pristine`` with the series applied, as a package
+    folder, or as a repository root (``python/`` and ``test/``) that takes the
+    series' tests too; kept while it carries the current series."""
     if os.path.isdir(dest) and _carries_current_series(dest):
         return dest
 
     def fill(tmp):
-        shutil.copytree(pristine, tmp, symlinks=True, dirs_exist_ok=True)
+        if repository:
+            shutil.copytree(pristine, os.path.join(tmp, "python"), symlinks=True)
+            os.makedirs(os.path.join(tmp, "test"))  # what makes it a repository root
+        else:
+            shutil.copytree(pristine, tmp, symlinks=True, dirs_exist_ok=True)
         proc = subprocess.run(
             [sys.executable, SERIES_PY, "apply", "--target", tmp],
             capture_output=True,
@@ -177,35 +181,21 @@ def series_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
                 f"series.py apply failed on a pristine {version} tree: "
                 f"{(proc.stdout + proc.stderr).strip()}"
             )
-        _byte_compile(tmp)  # the patched and new files; the rest came compiled
+        if not repository:
+            _byte_compile(tmp)  # the patched and new files; the rest came compiled
 
     _build(dest, fill, keep=_carries_current_series)
     return dest
+
+
+def series_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
+    dest = os.path.join(root, f"sglang-{version}-series")
+    return _series_copy(dest, pristine_tree(root, version), version, repository=False)
 
 
 def series_repo_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
     dest = os.path.join(root, f"sglang-{version}-series-repo")
-    pristine = pristine_tree(root, version)
-
-    if os.path.isdir(dest) and _carries_current_series(dest):
-        return dest
-
-    def fill(tmp):
-        shutil.copytree(pristine, os.path.join(tmp, "python"), symlinks=True)
-        os.makedirs(os.path.join(tmp, "test"))  # what makes it a repository root
-        proc = subprocess.run(
-            [sys.executable, SERIES_PY, "apply", "--target", tmp],
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            raise TreeError(
-                f"series.py apply failed on a {version} repository tree: "
-                f"{(proc.stdout + proc.stderr).strip()}"
-            )
-
-    _build(dest, fill, keep=_carries_current_series)
-    return dest
+    return _series_copy(dest, pristine_tree(root, version), version, repository=True)
 
 
 def main(argv=None) -> int:
