@@ -9,18 +9,12 @@ release of the ``sglang`` package, and nothing else:
 * ``patches/<subject-slug>.patch`` are ``git format-patch`` files with
   SGLang's repository paths: ``a/python/sglang/...`` for code and
   ``a/test/...`` for tests, so ``git am`` applies them to an SGLang checkout.
-  The older form ``a/sglang/...`` (relative to the directory that holds the
-  package) is still read.
+  A patch with any other path is refused.
 * A new module is created (``new file mode``) by the patch that first uses
   it, so every commit of ``import`` is a complete change.
 
 The series hash is a sha256 over the series file and every patch's name and
 bytes; ``apply`` records it in a stamp.
-
-Targets applied by an older version of this tool may carry a stamp that lists
-"overlay" files (new modules that the old series copied in). They count as
-files the applied series created: ``revert`` removes them, and ``check`` and
-``apply --replace`` treat them as absent upstream.
 
 Targets (``--target DIR``; the tool tells which one it was given)
 
@@ -61,7 +55,7 @@ git-export-patches)
            repository in SGLang's layout: one commit with the pristine
            ``python/sglang/`` and ``test/`` (tag ``upstream-<version>``,
            branch ``upstream``), then one commit per patch (``git am
-           --3way``; legacy-form patches are converted to python/... first).
+           --3way``).
   (edit)   ordinary git in that repository: ``git commit --fixup=<sha>``,
            ``git rebase -i --autosquash upstream``, new commits for new
            patches (a new file goes into the commit that first uses it).
@@ -239,7 +233,6 @@ class Patch:
     name: str
     data: bytes
     files: list[FileDiff]
-    legacy: bool = False  # paths a/sglang/... (relative to the package's parent)
 
     def touched(self) -> list[str]:
         out = []
@@ -276,25 +269,20 @@ class Series:
 _HUNK_RE = re.compile(r"^(@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@)")
 
 
-def _canonical(path: str, where: str) -> tuple[str, bool]:
-    """(the repository form of a patch path, whether it was the legacy form).
-
-    python/sglang/... and test/... are SGLang's repository paths; sglang/...
-    is the older form, relative to the directory that holds the package."""
+def _check_path(path: str, where: str) -> None:
+    """Refuse a patch path that is not one of SGLang's repository paths the
+    series may change: python/sglang/... (code) or test/... (tests)."""
     parts = path.split("/")
     if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise SeriesError(f"{where}: path {path!r} is not a relative file path")
-    legacy = parts[0] == PKG
-    if legacy:
-        parts = [CODE, *parts]
     if parts[0] == CODE and len(parts) >= 3 and parts[1] == PKG:
         if parts[2] in (STAMP_DIR, PARTIAL_DIR):
             raise SeriesError(
                 f"{where}: path {path!r} is inside the series' own stamp directory"
             )
-        return "/".join(parts), legacy
+        return
     if parts[0] == TESTS and len(parts) >= 2:
-        return path, False
+        return
     raise SeriesError(
         f"{where}: path {path!r} is outside {CODE}/{PKG}/ and {TESTS}/ "
         f"(the series patches only SGLang's package and its tests)"
@@ -304,8 +292,8 @@ def _canonical(path: str, where: str) -> tuple[str, bool]:
 def parse_patch(name: str, data: bytes) -> Patch:
     """Read the file list and hunk headers of a git-format patch (no diffing).
 
-    Paths are returned in the repository form (python/sglang/..., test/...);
-    a patch in the legacy form (sglang/...) is marked as such."""
+    Every path is one of SGLang's repository paths (python/sglang/...,
+    test/...); any other path is refused."""
     text = data.decode("utf-8", "surrogateescape")
     files: list[FileDiff] = []
     cur: FileDiff | None = None
@@ -348,16 +336,12 @@ def parse_patch(name: str, data: bytes) -> Patch:
     if not files:
         raise SeriesError(f"{name}: no 'diff --git' section (not a git-format patch)")
     files[-1].end = len(text)
-    forms = set()
     for f in files:
         if f.old is None and f.new is None:
             raise SeriesError(f"{name}: cannot read the file names of a diff section")
-        for attr in ("old", "new"):
-            raw = getattr(f, attr)
-            if raw is not None:
-                canon, legacy = _canonical(raw, name)
-                setattr(f, attr, canon)
-                forms.add(legacy)
+        for path in (f.old, f.new):
+            if path is not None:
+                _check_path(path, name)
         if (
             f.old
             and f.new
@@ -366,12 +350,7 @@ def parse_patch(name: str, data: bytes) -> Patch:
             raise SeriesError(
                 f"{name}: {f.old} -> {f.new} moves a file between {CODE}/ and {TESTS}/"
             )
-    if len(forms) > 1:
-        raise SeriesError(
-            f"{name}: mixes {PKG}/... paths with {CODE}/{PKG}/... or {TESTS}/... paths; "
-            f"use one form per patch"
-        )
-    return Patch(name=name, data=data, files=files, legacy=forms == {True})
+    return Patch(name=name, data=data, files=files)
 
 
 def read_series_names(series_dir: Path) -> tuple[list[str], list[str]]:
@@ -418,8 +397,6 @@ def load_series(series_dir: Path) -> Series:
             + b"\0"
             + data
         )
-    # (Older versions of this tool also hashed "overlay" files here; with none,
-    # the hash is the same, so a patch-only series stays "already applied".)
     return Series(series_dir, header, patches, h.hexdigest())
 
 
@@ -537,8 +514,8 @@ def read_stamp(target: Target) -> dict | None:
 
 
 def _stamp_layout(stamp: dict) -> str:
-    # Stamps without "layout" were written for a directory holding sglang/
-    # (every stamp of the tool before repository roots were targets).
+    # apply writes "layout" only for a repository root; a stamp without it
+    # was written for a directory holding sglang/.
     return stamp.get("layout", LAYOUT_PACKAGE)
 
 
@@ -673,10 +650,6 @@ def _patch_for(target: Target, patch: Patch) -> tuple[bytes | None, list[str]]:
     """The bytes git apply gets for this patch in this target's layout, and
     its path options; None when nothing of the patch belongs in the target
     (a patch of test files only, for a target without test/)."""
-    if patch.legacy:
-        return patch.data, (
-            [f"--directory={CODE}"] if target.layout == LAYOUT_REPO else []
-        )
     if target.layout == LAYOUT_REPO:
         return patch.data, []
     code = [f for f in patch.files if not f.is_test]
@@ -747,15 +720,10 @@ def stage_series(
 
 def _created_by(target: Target, stamp: dict | None) -> set[str]:
     """The files the applied series created (target-relative): absent from
-    the upstream tree.
-
-    A new file of a patch is in the stamp's "files" with existed false; a
-    stamp written by an older version of this tool also lists the files its
-    overlay copied in under "overlay"."""
+    the upstream tree; the stamp's "files" lists them with existed false."""
     if not stamp:
         return set()
     created = [e["path"] for e in stamp["files"] if not e["existed"]]
-    created += stamp.get("overlay", [])
     return {r for r in (_stamp_rel(target, stamp, c) for c in created) if r is not None}
 
 
@@ -1021,14 +989,6 @@ def _undo(base: Path, stamp_dir: Path, stamp: dict) -> str | None:
                 dst.unlink()
         except OSError as exc:
             problem = problem or f"{entry['path']}: {exc}"
-    # A stamp of an older version of this tool: the overlay files it copied in.
-    for rel in stamp.get("overlay", []):
-        dst = base / rel
-        try:
-            if dst.is_file() or dst.is_symlink():
-                dst.unlink()
-        except OSError as exc:
-            problem = problem or f"{rel}: {exc}"
     for d in sorted(stamp.get("created_dirs", []), key=lambda s: -s.count("/")):
         p = base / d
         pycache = p / "__pycache__"
@@ -1314,11 +1274,6 @@ def _require_imported(repo: Path) -> None:
             f"a git am/rebase is in progress in {repo}; finish it (`git am --continue` or "
             f"`git rebase --continue`) or abort it first"
         )
-    if _subtree(repo, UPSTREAM_BRANCH, _CODE_PKG) is None:
-        raise SeriesError(
-            f"{repo} has no {_CODE_PKG}/ in its `{UPSTREAM_BRANCH}` commit (an import by an older "
-            f"series.py, with sglang/ at the top); import a pristine tree again"
-        )
     dirty = _out(
         _git(
             ["status", "--porcelain", "--untracked-files=no", "--", _CODE_PKG, TESTS],
@@ -1344,40 +1299,6 @@ def slug(subject: str) -> str:
     s = re.sub(r"['\u2019`]", "", subject.lower())
     s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
     return s or "patch"
-
-
-def _to_repo_form(patch: Patch) -> bytes:
-    """The patch with SGLang's repository paths: a legacy patch's sglang/...
-    becomes python/sglang/... in its file headers (never inside hunks)."""
-    if not patch.legacy:
-        return patch.data
-    old, new = f"{PKG}/", f"{CODE}/{PKG}/"
-    out = []
-    in_section = in_hunks = False
-    for line in patch.data.decode("utf-8", "surrogateescape").split("\n"):
-        if line.startswith("diff --git "):
-            in_section, in_hunks = True, False
-            rest = line[len("diff --git ") :]
-            a, sep, b = rest.rpartition(" b/")
-            if a.startswith("a/" + old) and b.startswith(old):
-                line = f"diff --git a/{new}{a[2 + len(old):]} b/{new}{b[len(old):]}"
-        elif in_section and not in_hunks:
-            if line.startswith("@@ "):
-                in_hunks = True
-            else:
-                for prefix in (
-                    "--- a/",
-                    "+++ b/",
-                    "rename from ",
-                    "rename to ",
-                    "copy from ",
-                    "copy to ",
-                ):
-                    if line.startswith(prefix + old):
-                        line = prefix + new + line[len(prefix) + len(old) :]
-                        break
-        out.append(line)
-    return "\n".join(out).encode("utf-8", "surrogateescape")
 
 
 def cmd_import(args) -> int:
@@ -1434,61 +1355,53 @@ def cmd_import(args) -> int:
     _git(["tag", "-f", f"upstream-{version}", upstream], cwd=repo)
     _git(["branch", "-f", UPSTREAM_BRANCH, upstream], cwd=repo)
 
-    with tempfile.TemporaryDirectory(prefix="series-import-") as tmp:
-        # Legacy patches (sglang/...) are converted to the repository form
-        # here; git am keeps its own copy, so `git am --continue` works after
-        # this directory is gone.
-        files = []
-        for i, patch in enumerate(series.patches):
-            f = Path(tmp) / f"{i:04d}-{patch.name}"
-            f.write_bytes(_to_repo_form(patch))
-            files.append(f)
-        proc = None
-        if files:
-            proc = _git(
-                [
-                    "am",
-                    "--3way",
-                    "--keep-non-patch",
-                    "--committer-date-is-author-date",
-                    "--no-gpg-sign",
-                    *[str(f) for f in files],
-                ],
-                cwd=repo,
-                check=False,
-            )
-        if proc is not None and proc.returncode != 0:
-            text = _out(proc) + "\n" + _err(proc)
-            m = re.search(r"^Patch failed at (\d+) ", text, re.M)
-            index = int(m.group(1)) - 1 if m else None
-            name = series.names[index] if index is not None else "?"
-            conflicted = _conflicted(repo)
-            if conflicted:
-                what = f"conflicts in {', '.join(conflicted)}"
-            else:
-                # No 3-way merge was possible (e.g. the patch's base blobs are
-                # not in this tree): say which hunks do not apply.
-                what = (
-                    "; ".join(
-                        _describe(
-                            series.patches[index],
-                            _err(
-                                _git(
-                                    ["apply", "--check", "-v", str(files[index])],
-                                    cwd=repo,
-                                    check=False,
-                                )
-                            ),
-                        )
+    files = [series.series_dir / patch.name for patch in series.patches]
+    proc = None
+    if files:
+        proc = _git(
+            [
+                "am",
+                "--3way",
+                "--keep-non-patch",
+                "--committer-date-is-author-date",
+                "--no-gpg-sign",
+                *[str(f) for f in files],
+            ],
+            cwd=repo,
+            check=False,
+        )
+    if proc is not None and proc.returncode != 0:
+        text = _out(proc) + "\n" + _err(proc)
+        m = re.search(r"^Patch failed at (\d+) ", text, re.M)
+        index = int(m.group(1)) - 1 if m else None
+        name = series.names[index] if index is not None else "?"
+        conflicted = _conflicted(repo)
+        if conflicted:
+            what = f"conflicts in {', '.join(conflicted)}"
+        else:
+            # No 3-way merge was possible (e.g. the patch's base blobs are
+            # not in this tree): say which hunks do not apply.
+            what = (
+                "; ".join(
+                    _describe(
+                        series.patches[index],
+                        _err(
+                            _git(
+                                ["apply", "--check", "-v", str(files[index])],
+                                cwd=repo,
+                                check=False,
+                            )
+                        ),
                     )
-                    if index is not None
-                    else "see `git am --show-current-patch=diff`"
                 )
-            raise SeriesError(
-                f"patch {name} does not apply to sglang {version} ({what}); resolve it in {repo} "
-                f"(`git am --show-current-patch=diff` shows the patch), `git add` the files, "
-                f"run `git -C {repo} am --continue`, then `series.py export --target {repo}`"
+                if index is not None
+                else "see `git am --show-current-patch=diff`"
             )
+        raise SeriesError(
+            f"patch {name} does not apply to sglang {version} ({what}); resolve it in {repo} "
+            f"(`git am --show-current-patch=diff` shows the patch), `git add` the files, "
+            f"run `git -C {repo} am --continue`, then `series.py export --target {repo}`"
+        )
 
     print(
         f"imported sglang {version} + {len(series.patches)} patch(es)"
@@ -1769,8 +1682,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_revert,
         "restore the upstream files byte-identically and remove the files the series created",
         "Restore every file the series changed from its backup, remove the files and\n"
-        "directories it created (also the overlay files that older versions of this tool\n"
-        'copied in), and remove the stamp. "not applied" (exit 0) if none.',
+        'directories it created, and remove the stamp. "not applied" (exit 0) if none.',
     )
     sp = add(
         "status",

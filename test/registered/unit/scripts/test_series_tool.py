@@ -44,9 +44,8 @@ def real_series_names() -> list[str]:
 
 
 def _package_path(path: str) -> str | None:
-    """A patch path relative to the directory that holds sglang/: the
-    repository form python/sglang/... loses python/, the legacy form
-    sglang/... is that already; None for a test file (test/...)."""
+    """A patch path (python/sglang/... or test/...) relative to the
+    directory that holds sglang/: python/ goes; None for a test file."""
     if path.startswith("test/"):
         return None
     return path.removeprefix("python/")
@@ -199,23 +198,9 @@ def one_error_line(proc, *needles):
     return lines[0]
 
 
-def to_repo_form(patch: bytes) -> bytes:
-    """A legacy patch (a/sglang/...) with SGLang's repository paths
-    (a/python/sglang/...) in its file headers."""
-    out = []
-    for line in patch.split(b"\n"):
-        if line.startswith(b"diff --git a/sglang/"):
-            line = line.replace(b" a/sglang/", b" a/python/sglang/", 1)
-            line = line.replace(b" b/sglang/", b" b/python/sglang/", 1)
-        elif line.startswith((b"--- a/sglang/", b"+++ b/sglang/")):
-            line = line[:6] + b"python/" + line[6:]
-        out.append(line)
-    return b"\n".join(out)
-
-
 def copy_series(tmp_path, name="series") -> Path:
     d = tmp_path / name
-    d.mkdir()
+    d.mkdir(parents=True)
     (d / "series").write_bytes((PATCHES / "series").read_bytes())
     for n in real_series_names():
         shutil.copy2(PATCHES / n, d / n)
@@ -226,8 +211,10 @@ def make_patch(
     workdir: Path, rel: str, before: bytes | None, after: bytes, subject: str
 ) -> bytes:
     """A genuine git format-patch of one file change (made with git itself);
-    before=None makes a patch that creates the file."""
-    return make_commit_patch(workdir, {rel: (before, after)}, subject)
+    before=None makes a patch that creates the file. rel is relative to the
+    directory that holds sglang/; the patch names it python/<rel>, as the
+    series' patches do."""
+    return make_commit_patch(workdir, {f"python/{rel}": (before, after)}, subject)
 
 
 def break_hunk(patch: bytes, number: int) -> bytes:
@@ -405,10 +392,9 @@ def test_bad_command_lines_get_one_error_line(pristine):
     r = run("frobnicate", "--target", tree)
     assert r.returncode == 2
     one_error_line(r, "frobnicate")
-    # The overlay is gone: a caller still passing --overlay-dir is told so.
-    r = run(f"--overlay-dir={tree}", "apply", "--target", tree)
+    r = run(f"--no-such-option={tree}", "apply", "--target", tree)
     assert r.returncode == 2
-    one_error_line(r, "--overlay-dir")
+    one_error_line(r, "--no-such-option")
     assert snapshot(tree) == before
 
 
@@ -442,6 +428,12 @@ def test_refuses_a_different_series(pristine, tmp_path):
     assert snapshot(tree) == applied
     st = json.loads(run("status", "--target", tree, "--json", series_dir=other).stdout)
     assert st["applied"] is True and st["current"] is False
+    # check stages the other series on the upstream files: the backups, with
+    # the modules the applied series created counted as absent.
+    r = run("check", "--target", tree, series_dir=other)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "checking against its upstream backups" in r.stdout
+    assert snapshot(tree) == applied
 
     # --replace (for set-up scripts): revert the old series, apply the new one.
     # Both create the same new modules: the old copies must not count as upstream.
@@ -498,79 +490,6 @@ def test_new_files_are_created_and_removed(pristine, tmp_path):
     assert r.returncode == 2
     assert "target left unchanged" in r.stderr
     assert snapshot(tree) == before
-
-
-def test_old_stamp_with_overlay_files_counts_them_as_created(pristine, tmp_path):
-    """A target applied by the tool before the overlay was retired: its stamp
-    lists the overlay files it copied in. Those are not upstream files, so a
-    new series whose patch creates one of them applies with --replace, and
-    revert removes them."""
-    tree = pristine("0.5.23")
-    pristine_state = snapshot(tree)
-    utils = (tree / MM_UTILS).read_bytes()
-    old = one_patch_series(
-        tmp_path,
-        "old",
-        {
-            "old-change.patch": make_patch(
-                tmp_path / "mk-old",
-                MM_UTILS,
-                utils,
-                edit_lines(utils, [12]),
-                "Old change",
-            ),
-        },
-    )
-    assert run("apply", "--target", tree, series_dir=old).returncode == 0
-    # What the old tool wrote on top: the overlay file, its directory and the
-    # stamp keys "overlay" and "overlay_preexisting".
-    (tree / NEW_MOD).parent.mkdir()
-    (tree / NEW_MOD).write_bytes(b"VALUE = 'from the old overlay'\n")
-    stamp_path = tree / "sglang" / ".fork-series" / "stamp.json"
-    stamp = json.loads(stamp_path.read_text())
-    stamp.update(
-        overlay=[NEW_MOD],
-        overlay_preexisting=[],
-        created_dirs=stamp["created_dirs"] + ["sglang/srt/fork_extra"],
-    )
-    stamp_path.write_text(json.dumps(stamp, indent=2) + "\n")
-    old_state = snapshot(tree)
-
-    # Plain revert removes the overlay file and its directory.
-    reverted = tmp_path / "reverted"
-    shutil.copytree(tree, reverted)
-    r = run("revert", "--target", reverted)
-    assert r.returncode == 0, r.stderr
-    assert snapshot(reverted) == pristine_state
-
-    new = one_patch_series(
-        tmp_path,
-        "new",
-        {
-            "old-change.patch": (old / "old-change.patch").read_bytes(),
-            "add-new-mod.patch": make_patch(
-                tmp_path / "mk-new",
-                NEW_MOD,
-                None,
-                b"VALUE = 'patched in'\n",
-                "Add new_mod",
-            ),
-        },
-    )
-    r = run("check", "--target", tree, series_dir=new)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert snapshot(tree) == old_state
-    r = run("apply", "--replace", "--target", tree, series_dir=new)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert (tree / NEW_MOD).read_bytes() == b"VALUE = 'patched in'\n"
-    assert (tree / MM_UTILS).read_bytes() == edit_lines(utils, [12])
-    st = json.loads(run("status", "--target", tree, "--json", series_dir=new).stdout)
-    assert st["current"] is True and st["patches"] == [
-        "old-change.patch",
-        "add-new-mod.patch",
-    ]
-    assert run("revert", "--target", tree).returncode == 0
-    assert snapshot(tree) == pristine_state
 
 
 def test_failure_during_copy_back_rolls_back(pristine):
@@ -640,8 +559,7 @@ def test_import_export_round_trip_and_edit_loop(pristine, tmp_path):
     exported = snapshot(series)
     assert sorted(exported) == sorted(original)
     for name in real_series_names():
-        # The same patch in the repository form: only the paths differ.
-        assert exported[name] == to_repo_form(original[name]), name
+        assert exported[name] == original[name], name
     r = run("export", "--target", work, series_dir=series)
     assert (
         r.returncode == 0 and snapshot(series) == exported
@@ -784,9 +702,6 @@ def test_rebase_onto_new_release(pristine, tmp_path):
 
 # ---------------------------------------------------------------- layouts: package dirs and repository roots
 
-# The tool before targets could be repository roots (and its legacy-form
-# patches, a/sglang/...): a stamp it wrote must still revert.
-OLD_TOOL_REV = "18fba1543129426b333406054ed8cc757863709a"
 EXISTING_TEST = "test/registered/unit/test_upstream_example.py"
 EXISTING_TEST_BYTES = b"def test_upstream():\n    assert 1 + 1 == 2\n"
 NEW_TEST = "test/registered/unit/test_fork_new_mod.py"
@@ -828,33 +743,10 @@ def make_commit_patch(workdir: Path, changes: dict, subject: str) -> bytes:
     ).stdout
 
 
-@pytest.fixture(scope="session")
-def repo_form_series(pristine_cache, tmp_path_factory):
-    """The live series in the repository form (python/sglang/...), made by
-    import + export (whatever form patches/ is in)."""
-    base = tmp_path_factory.mktemp("repo-form")
-    work = base / "work"
-    shutil.copytree(pristine_cache["0.5.23"], work)
-    series = base / "series"
-    series.mkdir()
-    (series / "series").write_bytes((PATCHES / "series").read_bytes())
-    for n in real_series_names():
-        shutil.copy2(PATCHES / n, series / n)
-    r = run("import", "--target", work, series_dir=series)
-    assert r.returncode == 0, r.stderr
-    r = run("export", "--target", work, series_dir=series)
-    assert r.returncode == 0, r.stderr
-    for n in real_series_names():
-        text = (series / n).read_text()
-        assert "a/python/sglang/" in text and "diff --git a/sglang/" not in text, n
-    return series
-
-
-def series_with_tests(tmp_path, repo_form_series, with_upstream_test_edit=True) -> Path:
-    """The live series in the repository form, plus a patch that adds a
-    module and its test, and (optionally) one that edits an upstream test."""
-    d = tmp_path / "with-tests"
-    shutil.copytree(repo_form_series, d)
+def series_with_tests(tmp_path, with_upstream_test_edit=True) -> Path:
+    """The live series, plus a patch that adds a module and its test, and
+    (optionally) one that edits an upstream test."""
+    d = copy_series(tmp_path, "with-tests")
     names = real_series_names()
     (d / "add-new-mod-and-its-test.patch").write_bytes(
         make_commit_patch(
@@ -907,10 +799,8 @@ def make_layout(pristine, tmp_path, layout: str) -> tuple[Path, Path, Path]:
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_each_layout_applies_and_reverts_byte_identically(
-    pristine, tmp_path, repo_form_series, layout
-):
-    series = series_with_tests(tmp_path, repo_form_series)
+def test_each_layout_applies_and_reverts_byte_identically(pristine, tmp_path, layout):
+    series = series_with_tests(tmp_path)
     root, target, code = make_layout(pristine, tmp_path, layout)
     before = snapshot(root)
     code_before = snapshot(code)
@@ -972,55 +862,27 @@ def test_each_layout_applies_and_reverts_byte_identically(
     ), "revert must restore every byte and leave no extra files"
 
 
-def old_tool_checkout(tmp_path) -> Path:
-    """scripts/series.py and patches/ as of OLD_TOOL_REV, from this repository's history."""
-    out = tmp_path / "old-tool"
-    (out / "scripts").mkdir(parents=True)
-    (out / "patches").mkdir()
-
-    def show(rel: str) -> bytes:
-        proc = subprocess.run(
-            ["git", "-C", REPO, "show", f"{OLD_TOOL_REV}:{rel}"], capture_output=True
-        )
-        assert proc.returncode == 0, (
-            f"this test needs {rel} at commit {OLD_TOOL_REV[:12]} from the repository's history "
-            f"(a full clone): {proc.stderr.decode().strip()}"
-        )
-        return proc.stdout
-
-    (out / "scripts" / "series.py").write_bytes(show("scripts/series.py"))
-    series = show("patches/series")
-    (out / "patches" / "series").write_bytes(series)
-    for name in series.decode().split():
-        (out / "patches" / name).write_bytes(show(f"patches/{name}"))
-    return out
-
-
-def test_a_target_applied_by_the_old_tool_still_reverts(
-    pristine, tmp_path, repo_form_series
+def test_a_checkout_applied_through_python_reverts_or_moves_through_its_root(
+    pristine, tmp_path
 ):
-    old = old_tool_checkout(tmp_path)
-    old_series = old / "patches"
-    assert (
-        b"diff --git a/sglang/" in (old_series / GATE).read_bytes()
-    ), "the old, legacy-form series"
+    """A checkout applied through python/ (a package stamp, paths relative to
+    python/) reverts through python/ or through the repository root, and the
+    root refuses the same series in its other layout until --replace."""
     root, _, code = make_layout(pristine, tmp_path, "python-dir")
     before = snapshot(root)
-    r = subprocess.run(
-        [sys.executable, old / "scripts" / "series.py", "apply", "--target", code],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
+    r = run("apply", "--target", code)
+    assert r.returncode == 0, r.stdout + r.stderr
+    stamp = json.loads((code / "sglang" / ".fork-series" / "stamp.json").read_text())
+    assert "layout" not in stamp
     applied = snapshot(root)
 
-    # The same series read by today's tool: the same hash, already applied.
-    st = json.loads(
-        run("status", "--target", code, "--json", series_dir=old_series).stdout
-    )
-    assert st["applied"] is True and st["current"] is True
-    r = run("apply", "--target", code, series_dir=old_series)
-    assert r.returncode == 0 and "already applied" in r.stdout
+    # The same series, seen from the root: applied, not current, refused.
+    st = json.loads(run("status", "--target", root, "--json").stdout)
+    assert st["applied"] is True and st["current"] is False
+    assert st["layout"] == "repository"
+    r = run("apply", "--target", root)
+    assert r.returncode == 2
+    one_error_line(r, "as a package target", "series.py revert")
     assert snapshot(root) == applied
 
     # Reverted through python/ or through the repository root: byte-identical.
@@ -1031,16 +893,16 @@ def test_a_target_applied_by_the_old_tool_still_reverts(
         assert r.returncode == 0, r.stderr
         assert snapshot(copy) == before, name
 
-    # Replaced by the repository-form series with tests, at the repository root.
-    series = series_with_tests(tmp_path, repo_form_series)
+    # Replaced by the series with tests, at the repository root.
+    series = series_with_tests(tmp_path)
     r = run("apply", "--target", root, series_dir=series)
     assert r.returncode == 2
-    one_error_line(r, "applied", "series.py revert")
+    one_error_line(r, "a different series", "series.py revert")
     assert snapshot(root) == applied
     r = run("apply", "--replace", "--target", root, series_dir=series)
     assert r.returncode == 0, r.stdout + r.stderr
     assert (root / NEW_TEST).is_file() and (code / NEW_MOD).is_file()
-    assert run("revert", "--target", root).returncode == 0
+    assert run("revert", "--target", code).returncode == 0
     assert snapshot(root) == before
 
 
@@ -1062,7 +924,13 @@ def test_refuses_a_target_that_is_none_of_the_layouts(pristine, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "outside", ["docs/notes.md", "python/pyproject.toml", "sgl-kernel/setup.py"]
+    "outside",
+    [
+        "docs/notes.md",
+        "python/pyproject.toml",
+        "sgl-kernel/setup.py",
+        "sglang/srt/fork_extra/other.py",  # relative to python/: not a repository path
+    ],
 )
 def test_refuses_a_series_with_a_path_outside_python_and_test(
     pristine, tmp_path, outside
@@ -1099,11 +967,9 @@ def test_refuses_a_series_with_a_path_outside_python_and_test(
         ), "nothing may be written (import neither moves nor git-inits)"
 
 
-def test_repository_form_round_trip_and_git_am_without_flags(
-    pristine, tmp_path, repo_form_series
-):
+def test_repository_form_round_trip_and_git_am_without_flags(pristine, tmp_path):
     # import -> export of a repository-form series is byte-identical, tests included.
-    series = series_with_tests(tmp_path, repo_form_series)
+    series = series_with_tests(tmp_path)
     original = snapshot(series)
     root, _, _ = make_layout(pristine, tmp_path, "repo-root")
     r = run("import", "--target", root, series_dir=series)
@@ -1122,9 +988,7 @@ def test_repository_form_round_trip_and_git_am_without_flags(
 
     # Plain `git am`, no flags, in series order, on a repository whose
     # python/sglang/ is the release wheel's sglang/.
-    am_series = series_with_tests(
-        tmp_path / "am", repo_form_series, with_upstream_test_edit=False
-    )
+    am_series = series_with_tests(tmp_path / "am", with_upstream_test_edit=False)
     fresh = tmp_path / "fresh"
     shutil.move(pristine("0.5.23", "wheel"), fresh / "python")
     git(fresh, "init", "-q")
