@@ -30,11 +30,12 @@ mixed sizes through SGLang's real prefill-step function
    the device's backend is another one, a second model with the same seeded
    weights is built for ``sdpa`` and the other backend gets the distinct-sizes
    row as the reference;
-5. the same per-request and batched steps with SGLang's ViT CUDA graphs on
-   (``SGLANG_VIT_ENABLE_CUDA_GRAPH=1``, set in this process only): first call
-   (captures) vs warmed median, graphs captured, device memory the graphs keep,
-   and the largest difference to the eager batched step. CUDA only; on the CPU
-   the section says it was skipped and why.
+5. bursts of one size, of the check's mixed sizes and of new sizes, each
+   twice, as batched steps in calls of at most 8,192 patches with SGLang's ViT
+   CUDA graphs on (``SGLANG_VIT_ENABLE_CUDA_GRAPH=1``, set in this process
+   only) and off: per burst the calls that captured a graph, replayed one or
+   ran eagerly, the step time on and off, and the largest difference between
+   them. CUDA only; on the CPU the section says it was skipped and why.
 
 With ``--out``, every section writes ``NN-<name>.json`` and ``NN-<name>.md``
 there as soon as it ends, and ``gpu_vit_check.json`` / ``.md`` are rewritten
@@ -509,25 +510,44 @@ def compare(batched, alone, tokens):
     )
 
 
-def graph_rows(model, requests, dev, args):
-    """Section 5: per-request and batched steps with SGLang's ViT CUDA graphs on.
+# Calls a graph burst's step is split into: at most this many patches each.
+GRAPH_BURST_CALL_PATCHES = 8192
+
+
+def graph_bursts(args, config):
+    """Section 5's bursts, each run twice: one size (the first kind's, as
+    many requests as the burst), the check's mixed burst, and a mixed burst
+    of new sizes (every kind 32 px wider and taller)."""
+    kinds = list(args.burst)
+    width, height, _ = kinds[0]
+    same = [(width, height, sum(n for _, _, n in kinds))]
+    new_sizes = [(w + 32, h + 32, n) for w, h, n in kinds]
+    bursts = []
+    for name, burst in (("one size", same), ("mixed", kinds), ("new sizes", new_sizes)):
+        requests = make_requests(U.burst_grids(burst), config, seed=len(bursts))
+        bursts += [(f"{name}, 1st", requests), (f"{name}, 2nd", requests)]
+    return bursts
+
+
+def graph_rows(model, config, dev, args):
+    """Section 5: batched steps with SGLang's ViT CUDA graphs on and off.
 
     ``SGLANG_VIT_ENABLE_CUDA_GRAPH`` is read by SGLang at every tower call
     (``envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.get()``), so it is set around these
-    steps only. A graph is captured per distinct packed layout
-    (``ViTCudaGraphRunner.block_graphs``); the first step of each path
-    captures, the warmed ones replay.
+    steps only. Each burst is one prefill step split into calls of at most
+    GRAPH_BURST_CALL_PATCHES patches; per burst: the calls that captured a
+    graph, replayed one or ran eagerly, and the step's time with the graph on
+    and then off.
     """
     if dev.name != "cuda":
         return {"skipped": "CUDA graphs need a GPU (--device cuda)", "rows": []}
 
     from sglang.srt.environ import envs
 
-    runner = model.visual.graph_runners
-    eager = timed_step(model, requests, dev).out
     rows = []
     try:
-        _graph_steps(model, requests, dev, args, runner, eager, envs, rows)
+        for name, requests in graph_bursts(args, config):
+            rows.append(_graph_burst(model, requests, dev, envs, name))
     except Exception as e:  # noqa: BLE001 - recorded: the first GPU run must show why
         import traceback
 
@@ -540,40 +560,34 @@ def graph_rows(model, requests, dev, args):
     return {"skipped": None, "rows": rows, "error": None}
 
 
-def _graph_steps(model, requests, dev, args, runner, eager, envs, rows):
-    import torch
+def _graph_burst(model, requests, dev, envs, name):
+    runner = model.visual.graph_runners
+    replays = []
+    real_replay = runner.replay
 
-    with envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.override(True):
-        for batched in (False, True):
-            graphs_before = len(runner.block_graphs)
-            dev.sync()
-            held_before = torch.cuda.memory_allocated()
-            out, first, calls, peak = timed_step(
-                model, requests, dev, batched=batched, measure_peak=True
-            )
-            dev.sync()
-            held_after = torch.cuda.memory_allocated()
-            warmed = [
-                timed_step(model, requests, dev, batched=batched).seconds
-                for _ in range(args.repeats)
-            ]
-            rows.append(
-                dict(
-                    path="batched" if batched else "per-request",
-                    first_ms=1000 * first,
-                    warm_median_ms=1000 * statistics.median(warmed),
-                    graphs_captured=len(runner.block_graphs) - graphs_before,
-                    graphs_total=len(runner.block_graphs),
-                    first_step_peak_mib=peak,
-                    # The embedding cache was emptied before the step (timed_step), so
-                    # what stays allocated after it is what the captured graphs keep.
-                    graph_memory_mib=(held_after - held_before) / 2**20,
-                    max_abs_diff_vs_eager=float(
-                        (out.double() - eager.double()).abs().max()
-                    ),
-                    **U.summarize_calls(calls),
-                )
-            )
+    def counted_replay(*args, **kwargs):
+        replays.append(1)
+        return real_replay(*args, **kwargs)
+
+    graphs_before = len(runner.block_graphs)
+    runner.replay = counted_replay
+    try:
+        with envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.override(True):
+            on = timed_step(model, requests, dev, cap=GRAPH_BURST_CALL_PATCHES)
+    finally:
+        del runner.replay
+    off = timed_step(model, requests, dev, cap=GRAPH_BURST_CALL_PATCHES)
+    return dict(
+        burst=name,
+        captures=len(runner.block_graphs) - graphs_before,
+        replays=len(replays),
+        eager_calls=len(on.calls) - len(replays),
+        graphs_total=len(runner.block_graphs),
+        graph_on_ms=1000 * on.seconds,
+        graph_off_ms=1000 * off.seconds,
+        max_abs_diff_on_vs_off=float((on.out.double() - off.out.double()).abs().max()),
+        **U.summarize_calls(on.calls),
+    )
 
 
 # The check's sections, in the order they run: (report key, title).
@@ -793,7 +807,7 @@ def run(args, files: Optional[SectionFiles] = None):
         files.section_done("sdpa", report)
 
         # 5. ViT CUDA graphs on
-        report["graphs"] = graph_rows(model, requests, dev, args)
+        report["graphs"] = graph_rows(model, config, dev, args)
         files.section_done("graphs", report)
     report["total_s"] = time.perf_counter() - t_start
     report["complete"] = True
@@ -949,7 +963,10 @@ def section_markdown(name: str, r) -> str:
         )
     if name == "graphs":
         g = r["graphs"]
-        title = "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1):"
+        title = (
+            "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1) and off, batched "
+            f"steps in calls of at most {GRAPH_BURST_CALL_PATCHES} patches:"
+        )
         if g["skipped"]:
             return f"{title} skipped: {g['skipped']}."
         return "\n".join(
@@ -958,25 +975,27 @@ def section_markdown(name: str, r) -> str:
                 "",
                 U.markdown_table(
                     [
-                        "path",
+                        "burst",
                         "encoder calls",
-                        "graphs captured",
-                        "first call, captures (ms)",
-                        "warmed median (ms)",
-                        "first step peak (MiB)",
-                        "memory the graphs keep (MiB)",
-                        "max abs diff vs eager batched",
+                        "captures",
+                        "replays",
+                        "eager calls",
+                        "graph on (ms)",
+                        "graph off (ms)",
+                        "graphs kept",
+                        "max abs diff on vs off",
                     ],
                     [
                         [
-                            x["path"],
+                            x["burst"],
                             x["calls"],
-                            x["graphs_captured"],
-                            f"{x['first_ms']:.1f}",
-                            f"{x['warm_median_ms']:.1f}",
-                            f"{x['first_step_peak_mib']:.1f}",
-                            f"{x['graph_memory_mib']:.1f}",
-                            f"{x['max_abs_diff_vs_eager']:.3g}",
+                            x["captures"],
+                            x["replays"],
+                            x["eager_calls"],
+                            f"{x['graph_on_ms']:.1f}",
+                            f"{x['graph_off_ms']:.1f}",
+                            x["graphs_total"],
+                            f"{x['max_abs_diff_on_vs_off']:.3g}",
                         ]
                         for x in g["rows"]
                     ],

@@ -1,15 +1,14 @@
-"""Test-only start-up hook: make one rank's vision warm-up clean-up fail.
+"""Test-only start-up hook: make one rank's vision warm-up fail.
 
 NOT part of the patch series. A test puts this directory on the CPU server's
-``PYTHONPATH`` and sets ``FORK_FAULT_WARM_UP_CLEAN_UP_RANK=N``; Python imports
-this ``sitecustomize`` in every server process. When
+``PYTHONPATH`` and sets ``FORK_FAULT_WARM_UP_RANK=N``; Python imports this
+``sitecustomize`` in every server process. When
 ``sglang.srt.multimodal.vision_warmup`` is imported, its
-``drop_vit_cuda_graphs`` (the first step of the clean-up after the warm-up)
-is wrapped: in the process whose TP rank is N, the first call raises
-``RuntimeError`` (what a device fault while freeing does); every later call,
-and every call on the other ranks, runs the real function. The warm-up itself
-runs whole on every rank, so the server's other tests see a warmed server.
-Each injected failure is written to stderr, so the server log shows it.
+``call_tower_on_rank_share`` (each warm-up tower call) is wrapped: in the
+process whose TP rank is N, the first call raises ``RuntimeError`` (what a
+device fault in the warm-up does); every later call, and every call on the
+other ranks, runs the real function. Each injected failure is written to
+stderr, so the server log shows it.
 
 The next ``sitecustomize`` on ``sys.path`` (e.g. the ROCm gate simulation) is
 loaded afterwards, so the two hooks combine.
@@ -27,10 +26,10 @@ from cpu_support.post_import import (  # noqa: E402
     patch_after_import,
 )
 
-ENV = "FORK_FAULT_WARM_UP_CLEAN_UP_RANK"
+ENV = "FORK_FAULT_WARM_UP_RANK"
 _MODULE = "sglang.srt.multimodal.vision_warmup"
-_TARGET = "drop_vit_cuda_graphs"
-MESSAGE = "device fault while freeing (injected by the fork's fault test)"
+_TARGET = "call_tower_on_rank_share"
+MESSAGE = "device fault in the warm-up (injected by the fork's fault test)"
 
 
 def _patch(module):
@@ -40,21 +39,21 @@ def _patch(module):
     target = int(os.environ[ENV])
     state = {"failed": False}
 
-    def drop_vit_cuda_graphs(tower):
+    def call_tower_on_rank_share(*args, **kwargs):
         from sglang.srt.runtime_context import get_parallel
 
         if not state["failed"] and get_parallel().tp_rank == target:
             state["failed"] = True
             sys.stderr.write(
                 f"[fork fault injection] pid {os.getpid()}: rank {target} vision "
-                f"warm-up clean-up raises RuntimeError\n"
+                f"warm-up call raises RuntimeError\n"
             )
             raise RuntimeError(MESSAGE)
-        return real(tower)
+        return real(*args, **kwargs)
 
-    drop_vit_cuda_graphs.__fork_fault__ = True
-    drop_vit_cuda_graphs.__wrapped__ = real
-    setattr(module, _TARGET, drop_vit_cuda_graphs)
+    call_tower_on_rank_share.__fork_fault__ = True
+    call_tower_on_rank_share.__wrapped__ = real
+    setattr(module, _TARGET, call_tower_on_rank_share)
 
 
 if os.environ.get(ENV):

@@ -1,4 +1,4 @@
-"""The one TP2 CPU server the server tests share (session-scoped).
+"""The TP2 CPU servers the server tests share (session-scoped).
 
 A real ``sglang.launch_server`` from the series tree serves the tiny
 Qwen2.5-VL (``make_tiny_model(..., family="qwen2_5_vl")``, SGLang's own
@@ -10,13 +10,12 @@ text request and BURSTS bursts of PROMPTS requests of IMAGES 224x224 images
 each, one request at a time (``--max-concurrency 1``: each request is one
 prefill step, so one encoder call, whose two equal images the DP encoder
 gives one to each rank), each burst with new images (``--seed-step 1``).
-Rank 1's clean-up after its vision warm-up is made to raise
-(``cpu_support/fault_injection``): the warm-up itself runs whole on both
-ranks, so the warm-up and compile checks hold, and the server has to get
-ready and serve with one rank's failure. test_cpu_server_e2e.py checks the
-gate, the warm-up, the metrics and the harness on it;
-test_cpu_server_second_family.py the family's warm-up plan and the compiles
-after ready; test_cpu_server_faults.py the fault.
+test_cpu_server_e2e.py checks the gate, the warm-up, the metrics and the
+harness on it; test_cpu_server_second_family.py the family's warm-up plan and
+the compiles after ready. ``faulty_tp2_server`` is the same server and
+workload with rank 1's first vision warm-up call made to raise
+(``cpu_support/fault_injection``): it has to get ready and serve with one
+rank's failure; test_cpu_server_faults.py checks it.
 """
 
 import os
@@ -32,7 +31,7 @@ ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 )
 FAULT_DIR = os.path.join(ROOT, "cpu_support", "fault_injection")
-FAULT_ENV = "FORK_FAULT_WARM_UP_CLEAN_UP_RANK"
+FAULT_ENV = "FORK_FAULT_WARM_UP_RANK"
 FAULT_RANK = 1
 
 
@@ -57,17 +56,18 @@ def _while_up(srv):
     return {"metrics": metrics, "schedulers": _schedulers(srv.pids())}
 
 
-@pytest.fixture(scope="session")
-def shared_tp2_server(tmp_path_factory):
+def _serve_tp2(work, fault_rank=None):
     from cpu_support.make_tiny_model import make_tiny_model
     from cpu_support.served_burst import serve_and_burst
 
-    work = tmp_path_factory.mktemp("cpu-server-tp2")
     model = make_tiny_model(str(work / "model"), family="qwen2_5_vl")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(FAULT_ENV, str(FAULT_RANK))
-        old = os.environ.get("PYTHONPATH")
-        mp.setenv("PYTHONPATH", os.pathsep.join([FAULT_DIR] + ([old] if old else [])))
+        if fault_rank is not None:
+            mp.setenv(FAULT_ENV, str(fault_rank))
+            old = os.environ.get("PYTHONPATH")
+            mp.setenv(
+                "PYTHONPATH", os.pathsep.join([FAULT_DIR] + ([old] if old else []))
+            )
         served = serve_and_burst(
             model,
             work,
@@ -103,6 +103,16 @@ def shared_tp2_server(tmp_path_factory):
         log=log,
         metrics=up["metrics"],
         schedulers=up["schedulers"],
-        fault_rank=FAULT_RANK,
+        fault_rank=fault_rank,
         workload=(BURSTS, PROMPTS, IMAGES, IMAGE_TOKENS),
     )
+
+
+@pytest.fixture(scope="session")
+def shared_tp2_server(tmp_path_factory):
+    yield from _serve_tp2(tmp_path_factory.mktemp("cpu-server-tp2"))
+
+
+@pytest.fixture(scope="session")
+def faulty_tp2_server(tmp_path_factory):
+    yield from _serve_tp2(tmp_path_factory.mktemp("cpu-server-tp2-fault"), FAULT_RANK)

@@ -418,8 +418,8 @@ def test_each_section_is_written_on_its_own(tmp_path, monkeypatch):
         "rows": [],
     }
     assert (
-        "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1): skipped: CUDA graphs need a GPU"
-        in markdown
+        "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1) and off, batched steps "
+        "in calls of at most 8192 patches: skipped: CUDA graphs need a GPU" in markdown
     )
 
 
