@@ -548,6 +548,8 @@ def graph_rows(model, config, dev, args):
     try:
         for name, requests in graph_bursts(args, config):
             rows.append(_graph_burst(model, requests, dev, envs, name))
+            # Nothing is freed: the graphs kept are every capture so far.
+            rows[-1]["graphs_total"] = sum(row["captures"] for row in rows)
     except Exception as e:  # noqa: BLE001 - recorded: the first GPU run must show why
         import traceback
 
@@ -561,28 +563,31 @@ def graph_rows(model, config, dev, args):
 
 
 def _graph_burst(model, requests, dev, envs, name):
+    # Counted at the runner's public methods: create_graph captures (nothing
+    # is ever freed), replay serves a call from a graph.
     runner = model.visual.graph_runners
-    replays = []
-    real_replay = runner.replay
+    captures, replays = [], []
 
-    def counted_replay(*args, **kwargs):
-        replays.append(1)
-        return real_replay(*args, **kwargs)
+    def counting(method, seen):
+        def counted(*args, **kwargs):
+            seen.append(1)
+            return method(*args, **kwargs)
 
-    graphs_before = len(runner.block_graphs)
-    runner.replay = counted_replay
+        return counted
+
+    runner.create_graph = counting(runner.create_graph, captures)
+    runner.replay = counting(runner.replay, replays)
     try:
         with envs.SGLANG_VIT_ENABLE_CUDA_GRAPH.override(True):
             on = timed_step(model, requests, dev, cap=GRAPH_BURST_CALL_PATCHES)
     finally:
-        del runner.replay
+        del runner.create_graph, runner.replay
     off = timed_step(model, requests, dev, cap=GRAPH_BURST_CALL_PATCHES)
     return dict(
         burst=name,
-        captures=len(runner.block_graphs) - graphs_before,
+        captures=len(captures),
         replays=len(replays),
         eager_calls=len(on.calls) - len(replays),
-        graphs_total=len(runner.block_graphs),
         graph_on_ms=1000 * on.seconds,
         graph_off_ms=1000 * off.seconds,
         max_abs_diff_on_vs_off=float((on.out.double() - off.out.double()).abs().max()),

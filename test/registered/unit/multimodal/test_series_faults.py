@@ -161,11 +161,13 @@ class _NoCapture:
         pass
 
 
-def _without_capture(runner_cls):
-    """Replace only the graph capture of ``ViTCudaGraphRunner``."""
+def _without_capture(runner_cls, captured):
+    """Replace only the graph capture of ``ViTCudaGraphRunner``; each capture
+    is appended to ``captured``."""
     real = runner_cls._create_graph
 
     def capture(self, graph_key, **kwargs):
+        captured.append(graph_key)
         self.block_graphs[graph_key] = _NoCapture()
 
     runner_cls._create_graph = capture
@@ -177,9 +179,9 @@ def _graph_policy(model):
     from sglang.srt.runtime_context import get_mm, override_platform
 
     out = {}
-    runner = model.visual.graph_runners
     runner_log = H.capture_log("sglang.srt.multimodal.vit_cuda_graph_runner")
-    real = _without_capture(ViTCudaGraphRunner)
+    captured = []
+    real = _without_capture(ViTCudaGraphRunner, captured)
     os.environ[GRAPH_ENV] = "1"
     width = model.visual.patch_embed.proj.weight[0].numel()
 
@@ -193,17 +195,17 @@ def _graph_policy(model):
                 seen.attach(model.visual)
                 H.post_load_hook(model)
         out["plan_calls"] = seen.calls
-        out["left_by_warm_up"] = len(runner.block_graphs)
+        out["left_by_warm_up"] = len(captured)
         with H.scheduler_vit_metrics() as (_, registry), torch.no_grad():
             # The warm-up's first grid once more: had the warm-up counted it,
             # this sighting would capture.
             call(seen.calls[0][0])
-            out["after_warm_up_grid"] = len(runner.block_graphs)
+            out["after_warm_up_grid"] = len(captured)
             grids = [(1, 2, 2 * (k + 1)) for k in range(DISTINCT_LAYOUTS)]
             for _ in range(3):
                 for grid in grids:
                     call(grid)
-            out["after_stream"] = len(runner.block_graphs)
+            out["after_stream"] = len(captured)
             for series in ("captures", "replays", "eager_calls"):
                 out[series] = H.metric_total(
                     registry, f"sglang:encoder_vit_cuda_graph_{series}_total"
