@@ -4,7 +4,7 @@ The repository root goes on sys.path so tests import `cpu_support` (CPU
 stand-ins, the tiny Qwen3-VL); the tool folders (`scripts/`, `demo/`, each
 `benchmark/` study) go there too, so tests import a tool by its module name
 (`import lint_series`, `import bench_image_burst`). The stand-ins are installed
-before any test module imports sglang (see cpu_support/standins.py).
+before any test module imports sglang (see cpu_support/standins/prepare.py).
 """
 
 import os
@@ -29,7 +29,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # threads for some shapes. Spawned gloo ranks use one thread each as well.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from cpu_support.standins import prepare_cpu_process  # noqa: E402
+from cpu_support.standins.prepare import prepare_cpu_process  # noqa: E402
 
 prepare_cpu_process()
 

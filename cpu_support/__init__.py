@@ -2,27 +2,19 @@
 
 Nothing here ships in the patch series. It exists so that SGLang's *real*
 multimodal code (scheduler helpers, Qwen3-VL vision tower, DP encoder, the
-whole server) can run on a machine without a GPU (docs/cpu.md):
+whole server) can run on a machine without a GPU (docs/cpu.md). One
+subpackage per role (each one's ``__init__`` says what its modules do):
 
-* `standins`: the stand-ins SGLang needs on its generic (non-CPU-engine)
-  branch, installed before sglang is imported.
-* `tiny_qwen3_vl`, `tiny_vl_family`, `tiny_gemma3_internvl`: SGLang's real
-  Qwen3-VL (and Qwen3.5, Qwen4-Exp, GLM-5-Next, Qwen2.5-VL, GLM-4V, Bailing,
-  Gemma3, InternVL) with tiny sizes and seeded random weights.
-* `tiny_sizes`, `seeded_model`: the tiny sizes, and the seeded weight fill
-  and default-dtype helper, with no side effects at import (the GPU check
-  uses them too).
-* `ranks`: run a function on N gloo ranks; fail fast if one dies.
-* `mm_harness`: requests through the real `_get_chunked_prefill_embedding`,
-  the tower's real calls observed with a forward pre-hook, encoder-call spy,
-  platform table, log capture, the post-load hook and Dynamo's frame count.
-* `vit_bench_util`: shared pieces of the CPU ViT benchmarks.
-* `make_tiny_model`, `cpu_server`, `served_burst`, `sglang_trees`,
-  `rocm_gate_sim/`, `standin_pkgs/`: the real `launch_server` on the CPU (tiny
-  model directory, launcher, one served burst for the e2e tests,
-  pristine/series trees for A/B, the demo-only ROCm gate hook, the
-  `sgl_kernel` stand-in package).
-* `fault_injection/`, `vit_profile/`, `post_import`: test- and profiling-only
-  start-up hooks for the CPU server (one rank's vision tower fails its first
-  call; every tower call timed), and the post-import patching they share.
+* `standins`: the stand-ins SGLang needs without a GPU, installed before
+  sglang is imported (``prepare``), and the stand-in packages they use.
+* `tiny_models`: SGLang's real vision-language models with tiny sizes and
+  seeded weights, and the tiny model directory the CPU server loads.
+* `ranks`: a function on N gloo ranks, and the multimodal harness those ranks
+  (and in-process tests) drive.
+* `server`: the real ``sglang.launch_server`` on the CPU, the pristine/series
+  trees it imports, and its start-up hooks.
+* `bench`: what the ViT benchmarks and the GPU check share.
+
+The package and its subpackages import nothing at import time, so the GPU
+check can take ``tiny_models.tiny_sizes`` without installing CPU stand-ins.
 """

@@ -13,7 +13,7 @@
    2 cores; every one is a flag (``python demo/demo.py --help``).
 
 Pristine and series are two ``--target`` trees under ``.cache/trees``
-(cpu_support/sglang_trees.py); the server's Python is this venv's.
+(cpu_support/server/sglang_trees.py); the server's Python is this venv's.
 The ROCm simulation is demo scaffolding (docs/cpu.md), not in the patches.
 
 The terminal gets only the demo's progress lines and tables; everything else
@@ -140,8 +140,8 @@ def run(args, argv, term: Terminal) -> int:
         say()
 
     import ab_image_burst as AB
-    from cpu_support.make_tiny_model import make_tiny_model
-    from cpu_support.sglang_trees import TreeError, pristine_tree, series_tree
+    from cpu_support.server.sglang_trees import TreeError, pristine_tree, series_tree
+    from cpu_support.tiny_models.make_tiny_model import make_tiny_model
 
     say("== Real server: sglang.launch_server on the CPU, pristine vs series ==")
     model = make_tiny_model(os.path.join(ROOT, ".cache", "tiny-qwen3-vl"))

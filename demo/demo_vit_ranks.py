@@ -25,7 +25,7 @@ import time
 # The repository root, for cpu_support.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cpu_support.ranks import run_on_ranks  # noqa: E402
+from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
 
 VISION = dict(
     depth=4, hidden_size=128, intermediate_size=256, num_heads=4, out_hidden_size=64
@@ -34,8 +34,8 @@ VISION = dict(
 
 def _rank(rank, world_size, init_method, requests, image, repeats, batched):
     import torch
-    from cpu_support import mm_harness as H
-    from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.ranks import mm_harness as H
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.runtime_context import get_mm, override_platform
 

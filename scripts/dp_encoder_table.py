@@ -661,7 +661,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             except (OSError, ValueError) as error:
                 parser.error(f"--out {args.out}: {error}")
 
-    from cpu_support.standins import prepare_cpu_process
+    from cpu_support.standins.prepare import prepare_cpu_process
 
     prepare_cpu_process()
     rows, notes = build_rows(models_dir)

@@ -6,7 +6,7 @@
 
 prints one verdict line per Python file the series touches and exits 1 when
 any fails. Without ``--tree``/``--pristine`` it builds (or reuses) the two
-trees of ``cpu_support/sglang_trees.py``: the 0.5.23 wheel unpacked,
+trees of ``cpu_support/server/sglang_trees.py``: the 0.5.23 wheel unpacked,
 and a copy with the series applied.
 
 What SGLang's ``.pre-commit-config.yaml`` runs on ``python/sglang/``, at its
@@ -383,7 +383,7 @@ def build_trees(
     import zipfile
 
     sys.path.insert(0, ROOT)
-    from cpu_support import sglang_trees
+    from cpu_support.server import sglang_trees
 
     pristine, repo = os.path.join(work, "pristine"), os.path.join(work, "series")
     tree = os.path.join(repo, "python")  # a repository root takes the tests too

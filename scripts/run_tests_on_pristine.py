@@ -3,11 +3,11 @@
     .venv/bin/python scripts/run_tests_on_pristine.py [PYTEST ARGS...]
 
 Same tests, same venv; only the sglang imported changes. The pristine tree is
-the 0.5.23 wheel unpacked (``cpu_support.sglang_trees.pristine_tree``:
+the 0.5.23 wheel unpacked (``cpu_support.server.sglang_trees.pristine_tree``:
 ``.cache/trees/sglang-0.5.23-pristine``, checked to carry no series). It goes
 first on ``PYTHONPATH`` of pytest, so every process pytest starts inherits it
 (gloo ranks, ``python -c`` probes, scripts run as subprocesses), and into
-``FORK_SGLANG_TREE``, which ``cpu_support.cpu_server`` puts first on every CPU
+``FORK_SGLANG_TREE``, which ``cpu_support.server.cpu_server`` puts first on every CPU
 server's ``PYTHONPATH``, ahead of the series tree the server tests name.
 
 PYTEST ARGS default to pytest.ini's ``testpaths`` (this repository's
@@ -41,8 +41,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # cpu_support
 
-from cpu_support.cpu_server import SGLANG_TREE_ENV  # noqa: E402
-from cpu_support.sglang_trees import (  # noqa: E402
+from cpu_support.server.cpu_server import SGLANG_TREE_ENV  # noqa: E402
+from cpu_support.server.sglang_trees import (  # noqa: E402
     TreeError,
     pristine_tree,
     series_status,

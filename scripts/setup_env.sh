@@ -19,7 +19,7 @@ fi
 
 inputs_hash() {
   cat requirements/*.txt scripts/setup_env.sh \
-    $(find cpu_support/standin_pkgs -type f -not -path '*/__pycache__/*' \
+    $(find cpu_support/standins/standin_pkgs -type f -not -path '*/__pycache__/*' \
         -not -path '*/build/*' -not -path '*.egg-info/*' 2>/dev/null | sort) \
     | sha256sum | cut -c1-16
 }
@@ -39,7 +39,7 @@ if [ ! -f "$STAMP" ]; then
   $PIP install -r requirements/cpu.txt 2>&1 | quiet
   $PIP install -r requirements/server.txt 2>&1 | quiet
   $PIP install -r requirements/lint.txt 2>&1 | quiet   # scripts/lint_series.py
-  for pkg in cpu_support/standin_pkgs/*/; do
+  for pkg in cpu_support/standins/standin_pkgs/*/; do
     [ -f "$pkg/pyproject.toml" ] && $PIP install --no-deps --force-reinstall "$pkg" 2>&1 | quiet
   done
   # Pristine release wheels: the apply tool's tests and rebases read them.
@@ -58,8 +58,9 @@ fi
   --python "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-# cpu_support on the venv's path, for the pytest plugin standin_pkgs/cpu_standins
-# registers (cpu_support.standins): the series' own tests then get the CPU
+# cpu_support on the venv's path, for the pytest plugin that
+# cpu_support/standins/standin_pkgs/cpu_standins registers
+# (cpu_support.standins.prepare): the series' own tests then get the CPU
 # stand-ins in an SGLang checkout too.
 echo "$ROOT" > "$SITE/fork_cpu_support.pth"
 # The venv is ours: when the series changed since it was applied (a patch was
@@ -69,4 +70,4 @@ echo "$ROOT" > "$SITE/fork_cpu_support.pth"
 "$VENV/bin/python" scripts/series.py apply --replace --target "$SITE"
 # The pristine and series trees (the A/B tests, the pristine run), built once
 # here; a later series change rebuilds the series tree on first use.
-"$VENV/bin/python" cpu_support/sglang_trees.py >/dev/null
+"$VENV/bin/python" cpu_support/server/sglang_trees.py >/dev/null

@@ -80,8 +80,8 @@ GLM5_SWIGLU = "sglang.srt.models.glm5_next:swiglu_clamped"
 KIMI_K25_ROPE_SHAPE = "sglang.srt.models.kimi_k25:get_rope_shape"
 MINIMAX_ROPE = "sglang.srt.models.minimax_vl_common:_minimax_rope_applier"
 
-TINY = "cpu_support.tiny_vl_family"
-KIMI_MINIMAX = "cpu_support.tiny_kimi_minimax"
+TINY = "cpu_support.tiny_models.tiny_vl_family"
+KIMI_MINIMAX = "cpu_support.tiny_models.tiny_kimi_minimax"
 
 
 @dataclass(frozen=True)
@@ -106,13 +106,19 @@ class Family:
 
 # family name -> its variants and compiled functions. One entry per family;
 # a new one needs only a tiny builder, e.g. (names illustrative)
-#     "kimi_vl": Family((Variant("Kimi-VL", "cpu_support.tiny_x:build_tiny_kimi_vl"),)),
+#     "kimi_vl": Family(
+#         (Variant("Kimi-VL", "cpu_support.tiny_models.tiny_x:build_tiny_kimi_vl"),)
+#     ),
 # plus compiled=(...) when its tower compiles more than the rotary apply.
 # Tower, grids, rope type and patch layout come from the model's own hook
 # (mm_harness.shipped_warm_up).
 FAMILIES: Dict[str, Family] = {
     "qwen3_vl": Family(
-        (Variant("Qwen3-VL", "cpu_support.tiny_qwen3_vl:build_tiny_qwen3_vl"),),
+        (
+            Variant(
+                "Qwen3-VL", "cpu_support.tiny_models.tiny_qwen3_vl:build_tiny_qwen3_vl"
+            ),
+        ),
     ),
     "glm5_next": Family(
         (Variant("GLM-5-Next", f"{TINY}:build_tiny_glm5_next"),),
@@ -141,7 +147,7 @@ FAMILIES: Dict[str, Family] = {
         (Variant("Ling-3 VL", f"{TINY}:build_tiny_bailing_moe_v3_vl"),),
     ),
     # Kimi and MiniMax: the real top-level classes, built from encoder-only
-    # configs (no language model; see cpu_support/tiny_kimi_minimax.py).
+    # configs (no language model; see cpu_support/tiny_models/tiny_kimi_minimax.py).
     "kimi_vl": Family(
         (Variant("Kimi-VL", f"{KIMI_MINIMAX}:build_tiny_kimi_vl"),),
         compiled=(),
@@ -190,9 +196,9 @@ def _cache_entries(fn) -> int:
 def _case(rank, world_size, init_method, family_name, variant_index, mode):
     """One case, in a fresh process: build, warm up per ``mode``, sweep."""
     import torch
-    from cpu_support import tiny_qwen3_vl as T
-    from cpu_support.mm_harness import frames_compiled as frames
-    from cpu_support.mm_harness import shipped_warm_up
+    from cpu_support.ranks.mm_harness import frames_compiled as frames
+    from cpu_support.ranks.mm_harness import shipped_warm_up
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.multimodal.modality import Modality
     from sglang.srt.multimodal.vision_warmup import (
@@ -286,7 +292,7 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
 
 def run_case(family_name: str, variant_index: int, mode: str, attempts: int = 3):
     """One case in a fresh (spawned) process; retried when its gloo port was taken."""
-    from cpu_support.ranks import run_on_ranks
+    from cpu_support.ranks.gloo import run_on_ranks
 
     for attempt in range(attempts):
         try:

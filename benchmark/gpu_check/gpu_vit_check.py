@@ -82,8 +82,9 @@ sys.path.insert(
     ),
 )
 
-from cpu_support import vit_bench_util as U  # noqa: E402  (stdlib only at import)
-from cpu_support.tiny_sizes import TINY_TEXT  # noqa: E402  (no side effects)
+# Both without side effects at import (stdlib only; the sizes).
+from cpu_support.bench import vit_bench_util as U  # noqa: E402
+from cpu_support.tiny_models.tiny_sizes import TINY_TEXT  # noqa: E402
 
 # Vision config of Qwen/Qwen3-VL-8B-Instruct (config.json, "vision_config").
 QWEN3_VL_8B_VISION = dict(
@@ -137,7 +138,7 @@ def _prepare_process(device: str) -> None:
         # mmap threshold pinned (it cannot change after start-up).
         U.pin_malloc_env()
         os.execv(sys.executable, [sys.executable] + sys.argv)
-    from cpu_support.standins import prepare_cpu_process
+    from cpu_support.standins.prepare import prepare_cpu_process
 
     prepare_cpu_process()
 
@@ -229,7 +230,7 @@ def build_model(
     weights); ``attention_backend`` overrides the published vision attention
     backend for this build only."""
     import torch
-    from cpu_support.seeded_model import default_dtype, fill_weights_
+    from cpu_support.tiny_models.seeded_model import default_dtype, fill_weights_
 
     from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
     from sglang.srt.runtime_context import get_mm

@@ -25,7 +25,7 @@ missing) and prints the table.
 
 GPU (two devices; the patched tree first on PYTHONPATH, nothing installed):
     PYTHONPATH=/tmp/sglang-series torchrun --nproc-per-node 2 benchmark/gpu_check/gpu_vit_dp_step.py --out vit-dp-step
-CPU dry run (two gloo ranks spawned by ``cpu_support.ranks``, tiny sizes;
+CPU dry run (two gloo ranks spawned by ``cpu_support.ranks.gloo``, tiny sizes;
 what ``make test`` runs):
     .venv/bin/python benchmark/gpu_check/gpu_vit_dp_step.py --dry-run --out /tmp/vit-dp-step
 """
@@ -49,13 +49,13 @@ for path in (ROOT, HERE):  # cpu_support, and gpu_vit_check beside this file
         sys.path.insert(0, path)
 
 import gpu_vit_check as G  # noqa: E402  (stdlib only at import)
-from cpu_support import vit_bench_util as U  # noqa: E402
+from cpu_support.bench import vit_bench_util as U  # noqa: E402
 
 
 def rank_main(rank: int, world_size: int, init_method: str, opts: dict) -> dict:
     """One rank: build, then both paths; returns this rank's numbers."""
     import torch
-    from cpu_support.mm_harness import TowerCalls
+    from cpu_support.ranks.mm_harness import TowerCalls
 
     device = opts["device"]
     vision = G.TINY_VISION if opts["tiny"] else G.QWEN3_VL_8B_VISION
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
         date=f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
     )
     if args.dry_run:
-        from cpu_support.ranks import run_on_ranks
+        from cpu_support.ranks.gloo import run_on_ranks
 
         U.pin_malloc_env()  # the ranks' peak RSS sees freed activations leave (vit_bench_util)
         per_rank = run_on_ranks(rank_main, 2, opts, timeout=900)

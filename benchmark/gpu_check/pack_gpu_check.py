@@ -120,13 +120,23 @@ STANDINS = [
 # The check's own files: path under the archive's scripts/ -> path in this repository.
 SCRIPT_FILES = {
     "gpu_vit_check.py": "benchmark/gpu_check/gpu_vit_check.py",
-    "cpu_support/__init__.py": "cpu_support/__init__.py",
-    "cpu_support/vit_bench_util.py": "cpu_support/vit_bench_util.py",
-    "cpu_support/tiny_sizes.py": "cpu_support/tiny_sizes.py",
-    "cpu_support/seeded_model.py": "cpu_support/seeded_model.py",
-    "cpu_support/standins.py": "cpu_support/standins.py",
-    "cpu_support/vllm_standin/vllm/__init__.py": "cpu_support/vllm_standin/vllm/__init__.py",
-    "cpu_support/vllm_standin/vllm/_custom_ops.py": "cpu_support/vllm_standin/vllm/_custom_ops.py",
+    # The cpu_support modules it imports, each subpackage's __init__ with them,
+    # at the same path under scripts/ as here.
+    **{
+        path: path
+        for path in (
+            "cpu_support/__init__.py",
+            "cpu_support/bench/__init__.py",
+            "cpu_support/bench/vit_bench_util.py",
+            "cpu_support/tiny_models/__init__.py",
+            "cpu_support/tiny_models/tiny_sizes.py",
+            "cpu_support/tiny_models/seeded_model.py",
+            "cpu_support/standins/__init__.py",
+            "cpu_support/standins/prepare.py",
+            "cpu_support/standins/vllm_standin/vllm/__init__.py",
+            "cpu_support/standins/vllm_standin/vllm/_custom_ops.py",
+        )
+    },
 }
 SGLANG_SKIP = ["sglang/multimodal_gen/*", "sglang/test/*", "*.so", "*/__pycache__/*"]
 PLATFORMS = [

@@ -303,7 +303,7 @@ CHECK_MODULES = [
     "sglang.srt.runtime_context",
     "sglang.srt.server_args",
     "sglang.srt.layers.attention.vision",
-    "cpu_support.seeded_model",
+    "cpu_support.tiny_models.seeded_model",
 ]
 
 
@@ -395,7 +395,7 @@ def preflight(root, box_paths, device, backend):
         ]
     record["conflicts"] = conflicts
     if device == "cpu":
-        from cpu_support.standins import prepare_cpu_process
+        from cpu_support.standins.prepare import prepare_cpu_process
 
         prepare_cpu_process()
     modules = (

@@ -73,7 +73,7 @@ for path in (ROOT, HERE):  # cpu_support, and bench_image_burst beside this file
         sys.path.insert(0, path)
 
 import bench_image_burst as B  # noqa: E402
-from cpu_support.cpu_server import (  # noqa: E402
+from cpu_support.server.cpu_server import (  # noqa: E402
     CpuServer,
     ServerFailed,
     ServerProcess,

@@ -2,8 +2,8 @@
 """Profile the CPU server's vision tower under mixed traffic.
 
 One fresh CPU server (tiny Qwen3-VL, TP2, DP encoder, ROCm gate simulated)
-per ``--target`` tree, with ``cpu_support/vit_profile`` timing every
-vision-tower call on every rank; untimed mixed warm-up bursts, then
+per ``--target`` tree, with ``cpu_support/server/startup_hooks/vit_profile``
+timing every vision-tower call on every rank; untimed mixed warm-up bursts, then
 ``--bursts`` mixed bursts (``bench_image_burst.run_mixed``) while
 
 * ``py-spy record`` samples each scheduler process (``--py-spy``, raw
@@ -14,7 +14,8 @@ vision-tower call on every rank; untimed mixed warm-up bursts, then
 Prints, per build, the tower's calls per rank: images and patches per call,
 wall and CPU milliseconds per call and per image, and the bursts' numbers.
 ``FORK_VIT_PROFILE_TORCH=N`` in the environment also writes torch.profiler
-operator tables for N calls per rank (see cpu_support/vit_profile).
+operator tables for N calls per rank (see
+cpu_support/server/startup_hooks/vit_profile).
 
     .venv/bin/python benchmark/image_burst/profile_mixed_cpu.py --out /tmp/prof \\
         --build series=.cache/trees/sglang-0.5.23-series \\
@@ -40,7 +41,7 @@ for path in (ROOT, HERE):  # cpu_support, and bench_image_burst beside this file
         sys.path.insert(0, path)
 
 import bench_image_burst as B  # noqa: E402
-from cpu_support.cpu_server import CpuServer  # noqa: E402
+from cpu_support.server.cpu_server import CpuServer  # noqa: E402
 
 
 def thread_cpu(pids: List[int]) -> Dict[str, float]:

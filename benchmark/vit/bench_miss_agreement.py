@@ -31,7 +31,7 @@ ITEMS = (1, 8, 64)
 def _rank(rank, world_size, init_method, reps):
     import torch
     import torch.distributed as dist
-    from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.runtime_context import get_parallel
 
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     if args.reps < 10:
         parser.error("--reps must be at least 10")
 
-    from cpu_support.ranks import run_on_ranks
+    from cpu_support.ranks.gloo import run_on_ranks
 
     results = run_on_ranks(_rank, 2, args.reps, timeout=600)
     print(

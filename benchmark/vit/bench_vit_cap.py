@@ -16,7 +16,7 @@ embedding cache and is timed between barriers.
 Peak step memory: VmHWM at the end of a step minus VmRSS at its start, the
 peak mark reset through /proc/self/clear_refs before each step, with glibc's
 mmap threshold pinned so freed activations leave the RSS (see
-cpu_support/vit_bench_util.py); the max over the repeats, and over the ranks.
+cpu_support/bench/vit_bench_util.py); the max over the repeats, and over the ranks.
 
 "calls" / "images per call" are the scheduler's encoder calls
 (``get_image_feature``); "max patches / rank / call" is the largest tower
@@ -55,15 +55,15 @@ sys.path.insert(
     0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 )
 
-from cpu_support import vit_bench_util as U  # noqa: E402
+from cpu_support.bench import vit_bench_util as U  # noqa: E402
 
 DEFAULT_BURST = "224x224:6,448x448:4,128x448:4,672x672:2"
 
 
 def _point(rank, world_size, init_method, cfg, cap):
     import torch
-    from cpu_support import mm_harness as H
-    from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.ranks import mm_harness as H
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.runtime_context import get_mm
 
@@ -306,7 +306,7 @@ def main(argv=None):
     )
 
     U.pin_malloc_env()
-    from cpu_support.ranks import run_on_ranks
+    from cpu_support.ranks.gloo import run_on_ranks
 
     results = {}
     for key in chosen:

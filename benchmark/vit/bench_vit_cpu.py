@@ -22,7 +22,7 @@ alternating in order; the speed-up is the median over repeats of the ratio
 of the two phases within one repeat (run back to back, they share whatever
 load the machine had then). The rank processes run with glibc keeping
 freed memory (--malloc keep-heap, the default; why: the docstring of
-cpu_support.vit_bench_util.keep_heap_malloc_env).
+cpu_support.bench.vit_bench_util.keep_heap_malloc_env).
 
 Peak memory comes from one more, untimed run of each phase: the free heap
 handed back to the OS first (malloc_trim) and the old path's mask cache
@@ -47,8 +47,8 @@ sys.path.insert(
     0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 )
 
-from cpu_support import vit_bench_util as U  # noqa: E402  (stdlib only at import)
-from cpu_support.standins import prepare_cpu_process  # noqa: E402
+from cpu_support.bench import vit_bench_util as U  # noqa: E402  (stdlib only at import)
+from cpu_support.standins.prepare import prepare_cpu_process  # noqa: E402
 
 prepare_cpu_process()
 
@@ -61,7 +61,7 @@ def _worker(rank, world_size, init_method, cfg):
     import gc
 
     import torch
-    from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     dp = world_size > 1
     config = T.tiny_qwen3_vl_config(vision=cfg["vision"])
@@ -148,7 +148,7 @@ def main(argv=None):
     )
     args = p.parse_args(argv)
 
-    from cpu_support.ranks import run_on_ranks
+    from cpu_support.ranks.gloo import run_on_ranks
 
     if args.malloc == "keep-heap":
         U.keep_heap_malloc_env()  # read by glibc when each rank process starts

@@ -42,7 +42,7 @@ sys.path.insert(
     0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 )
 
-from cpu_support import vit_bench_util as U  # noqa: E402
+from cpu_support.bench import vit_bench_util as U  # noqa: E402
 
 DEFAULT_BURST = "224x224:4,448x448:2,128x448:2,672x672:1"
 DTYPES = ("float32", "bfloat16")
@@ -73,8 +73,8 @@ def _per_image_diff(batched, alone, tokens_per_image):
 
 def _worker(rank, world_size, init_method, cfg):
     import torch
-    from cpu_support import mm_harness as H
-    from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.ranks import mm_harness as H
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.runtime_context import get_exec
 
@@ -210,7 +210,7 @@ def main(argv=None):
         attention=["per-sequence", "dense"],
         repeats=args.repeats,
     )
-    from cpu_support.ranks import run_on_ranks
+    from cpu_support.ranks.gloo import run_on_ranks
 
     diffs, costs = [], []
     for key in chosen:

@@ -28,8 +28,8 @@ sys.path.insert(
 )
 
 import torch  # noqa: E402
-from cpu_support import tiny_qwen3_vl as T  # noqa: E402
-from cpu_support.ranks import free_port  # noqa: E402
+from cpu_support.ranks.gloo import free_port  # noqa: E402
+from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
 
 
 def _median_ms(fn, repeats: int) -> float:

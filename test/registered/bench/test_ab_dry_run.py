@@ -1,7 +1,7 @@
 """The A/B harness's GPU path (no ``--cpu``), dry-run on the CPU with two ``--target`` trees.
 
 ``benchmark/image_burst/ab_image_burst.py`` runs as the docs' GPU commands run it: two real
-trees (pristine SGLang 0.5.23 and the series, ``cpu_support/sglang_trees.py``)
+trees (pristine SGLang 0.5.23 and the series, ``cpu_support/server/sglang_trees.py``)
 put first on ``PYTHONPATH``, the model given as a Hugging Face repo id with a
 pinned ``--revision`` after ``--``, the real ``sglang.bench_serving`` for every
 burst. Only what needs a GPU is faked: ``launch_server`` (``stub_gpu_server.py``,
@@ -46,8 +46,8 @@ pytestmark = pytest.mark.control(
 
 import ab_image_burst as AB  # noqa: E402
 import bench_image_burst as B  # noqa: E402
-from cpu_support.make_tiny_model import make_tiny_model  # noqa: E402
-from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
+from cpu_support.server.sglang_trees import pristine_tree, series_tree  # noqa: E402
+from cpu_support.tiny_models.make_tiny_model import make_tiny_model  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STUB = os.path.join(HERE, "stub_gpu_server.py")

@@ -22,7 +22,7 @@ import ab_image_burst as AB  # noqa: E402
 import bench_image_burst as B  # noqa: E402
 import huggingface_hub  # noqa: E402
 import pytest  # noqa: E402
-from cpu_support.make_tiny_model import make_tiny_model  # noqa: E402
+from cpu_support.tiny_models.make_tiny_model import make_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.control(
     reason="the A/B harness's own launch-side pieces; no SGLang code under test"

@@ -15,7 +15,7 @@ import json  # noqa: E402
 
 import ab_image_burst as AB  # noqa: E402
 import pytest  # noqa: E402
-from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
+from cpu_support.server.sglang_trees import pristine_tree, series_tree  # noqa: E402
 from test_ab_dry_run import REPO_ID, SHA, gpu_box  # noqa: E402,F401  (the fixture)
 
 pytestmark = pytest.mark.control(

@@ -13,7 +13,7 @@ register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
 import ab_image_burst as AB  # noqa: E402
 import pytest  # noqa: E402
-from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
+from cpu_support.server.sglang_trees import pristine_tree, series_tree  # noqa: E402
 
 pytestmark = pytest.mark.control(
     reason="the A/B harness's own check of its trees; no SGLang code under test"

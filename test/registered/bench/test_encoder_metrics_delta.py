@@ -40,7 +40,7 @@ class Server:
     schedulers' series (each registry's exposition in turn)."""
 
     def __init__(self):
-        from cpu_support.mm_harness import vit_metrics_collector
+        from cpu_support.ranks.mm_harness import vit_metrics_collector
 
         self.ranks = [
             vit_metrics_collector({**LABELS, "tp_rank": rank}, rank == 0)

@@ -35,7 +35,7 @@ def observed_rank_main(rank, world_size, init_method, opts):
     The records come from the collector a scheduler with --enable-metrics
     publishes, so this rank publishes one as that rank's scheduler would: its
     tp_rank, the call series recorded on rank 0 (DEBUG lines on both)."""
-    from cpu_support.mm_harness import LogRecords, vit_metrics_collector
+    from cpu_support.ranks.mm_harness import LogRecords, vit_metrics_collector
 
     from sglang.srt.multimodal.vit_batching import set_vit_encoder_metrics
 

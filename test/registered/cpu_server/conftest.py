@@ -1,21 +1,22 @@
 """The TP2 CPU servers the server tests share (session-scoped).
 
-A real ``sglang.launch_server`` from the series tree serves the tiny
-Qwen2.5-VL (``make_tiny_model(..., family="qwen2_5_vl")``, SGLang's own
+A real ``sglang.launch_server`` from the series tree serves the tiny Qwen2.5-VL
+(``make_tiny_model(..., family="qwen2_5_vl")``, SGLang's own
 ``models/qwen2_5_vl.py``) at ``--tp-size 2 --mm-enable-dp-encoder
 --enable-metrics``, with the demo-only ROCm simulation
-(``cpu_support/rocm_gate_sim``: the ViT batching gate and the warm-up
-decision decide as on ROCm). ``benchmark/image_burst/bench_image_burst.py`` then sends one
-text request and BURSTS bursts of PROMPTS requests of IMAGES 224x224 images
-each, one request at a time (``--max-concurrency 1``: each request is one
-prefill step, so one encoder call, whose two equal images the DP encoder
-gives one to each rank), each burst with new images (``--seed-step 1``).
-test_cpu_server_e2e.py checks the gate, the warm-up, the metrics and the
-harness on it; test_cpu_server_second_family.py the family's warm-up plan and
-the compiles after ready. ``faulty_tp2_server`` is the same server and
-workload with rank 1's first vision warm-up call made to raise
-(``cpu_support/fault_injection``): it has to get ready and serve with one
-rank's failure; test_cpu_server_faults.py checks it.
+(``cpu_support/server/startup_hooks/rocm_gate_sim``: the ViT batching gate and
+the warm-up decision decide as on ROCm).
+``benchmark/image_burst/bench_image_burst.py`` then sends one text request and
+BURSTS bursts of PROMPTS requests of IMAGES 224x224 images each, one request at
+a time (``--max-concurrency 1``: each request is one prefill step, so one
+encoder call, whose two equal images the DP encoder gives one to each rank),
+each burst with new images (``--seed-step 1``). test_cpu_server_e2e.py checks
+the gate, the warm-up, the metrics and the harness on it;
+test_cpu_server_second_family.py the family's warm-up plan and the compiles
+after ready. ``faulty_tp2_server`` is the same server and workload with rank
+1's first vision warm-up call made to raise
+(``cpu_support/server/startup_hooks/fault_injection``): it has to get ready and
+serve with one rank's failure; test_cpu_server_faults.py checks it.
 """
 
 import os
@@ -30,7 +31,9 @@ IMAGE_TOKENS = 64
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 )
-FAULT_DIR = os.path.join(ROOT, "cpu_support", "fault_injection")
+FAULT_DIR = os.path.join(
+    ROOT, "cpu_support", "server", "startup_hooks", "fault_injection"
+)
 FAULT_ENV = "FORK_FAULT_WARM_UP_RANK"
 FAULT_RANK = 1
 
@@ -57,8 +60,8 @@ def _while_up(srv):
 
 
 def _serve_tp2(work, fault_rank=None):
-    from cpu_support.make_tiny_model import make_tiny_model
-    from cpu_support.served_burst import serve_and_burst
+    from cpu_support.server.served_burst import serve_and_burst
+    from cpu_support.tiny_models.make_tiny_model import make_tiny_model
 
     model = make_tiny_model(str(work / "model"), family="qwen2_5_vl")
     with pytest.MonkeyPatch.context() as mp:

@@ -2,8 +2,9 @@
 
 ``faulty_tp2_server`` of ``conftest.py`` (tiny Qwen2.5-VL, series tree,
 ``--tp-size 2 --mm-enable-dp-encoder --enable-metrics``, the ROCm simulation)
-starts with the test-only start-up hook ``cpu_support/fault_injection``, which
-makes rank 1's first vision warm-up call raise (the first call of
+starts with the test-only start-up hook
+``cpu_support/server/startup_hooks/fault_injection``, which makes rank 1's
+first vision warm-up call raise (the first call of
 ``vision_warmup.call_tower_on_rank_share`` there). Checked: the fault was
 injected on rank 1 only and rank 1 logged, before ``/health`` answered 200,
 the warm-up's one WARNING; rank 0 warmed; after it the gate still batches

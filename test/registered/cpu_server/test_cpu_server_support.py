@@ -18,9 +18,9 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
-from cpu_support import cpu_server as CS  # noqa: E402
-from cpu_support import make_tiny_model as MTM  # noqa: E402
-from cpu_support.sglang_trees import pristine_tree, series_tree  # noqa: E402
+from cpu_support.server import cpu_server as CS  # noqa: E402
+from cpu_support.server.sglang_trees import pristine_tree, series_tree  # noqa: E402
+from cpu_support.tiny_models import make_tiny_model as MTM  # noqa: E402
 
 ROOT = os.path.dirname(CS.HERE)
 
@@ -167,7 +167,7 @@ def test_server_command_and_env(tmp_path):
 _PROBE = r"""
 import json, sys
 sys.path.insert(0, ROOT)
-from cpu_support.tiny_qwen3_vl import publish_cpu_context
+from cpu_support.tiny_models.tiny_qwen3_vl import publish_cpu_context
 import sglang
 import sglang.srt.managers.mm_schedule as ms
 import sglang.srt.multimodal.mm_utils as mu
@@ -178,7 +178,7 @@ out = {"has_gate": hasattr(ms, "_batch_vit_across_requests"),
 if out["has_gate"]:
     import sglang.srt.multimodal.vision_warmup as vw
 
-    from cpu_support.mm_harness import DecisionModel
+    from cpu_support.ranks.mm_harness import DecisionModel
 
     def Model():  # a Qwen3-VL built with the DP encoder: its tower splits a call's images
         return DecisionModel(True)

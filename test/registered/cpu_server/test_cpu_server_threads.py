@@ -9,7 +9,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 
 import pytest  # noqa: E402
-from cpu_support import cpu_server as CS  # noqa: E402
+from cpu_support.server import cpu_server as CS  # noqa: E402
 
 pytestmark = pytest.mark.control(
     reason="harness: the CPU server's threads per rank and its tower-timing hook"

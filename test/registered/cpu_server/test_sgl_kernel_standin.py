@@ -1,4 +1,4 @@
-"""The fork's CPU stand-in for sgl_kernel (cpu_support/standin_pkgs).
+"""The fork's CPU stand-in for sgl_kernel (cpu_support/standins/standin_pkgs).
 
 Implemented ops are checked against straightforward formulas written here;
 named-only ops and module functions must raise an error naming the op; every

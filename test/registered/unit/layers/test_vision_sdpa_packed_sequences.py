@@ -217,7 +217,7 @@ MEMORY_CHILD = textwrap.dedent(
     """
     import json, os, sys
     sys.path.insert(0, sys.argv[1])
-    from cpu_support.standins import prepare_cpu_process
+    from cpu_support.standins.prepare import prepare_cpu_process
     prepare_cpu_process()
     import torch
     torch.set_num_threads(1)

@@ -41,8 +41,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
 
-from cpu_support import mm_harness as H  # noqa: E402
-from cpu_support.ranks import run_on_ranks  # noqa: E402
+from cpu_support.ranks import mm_harness as H  # noqa: E402
+from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
 
 ON_ROCM = "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)"
 OFF_NOT_DP = "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)"
@@ -156,10 +156,10 @@ def _step(encoder, requests, platform, gate_log, calls, towers=None, cap=None):
 
 
 def _rank_worker(rank, world_size, init_method):
-    from cpu_support import tiny_gemma3_internvl as G
-    from cpu_support import tiny_omni_muse as O
-    from cpu_support import tiny_qwen3_vl as T
-    from cpu_support.tiny_vl_family import build_tiny_family_model
+    from cpu_support.tiny_models import tiny_gemma3_internvl as G
+    from cpu_support.tiny_models import tiny_omni_muse as O
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
+    from cpu_support.tiny_models.tiny_vl_family import build_tiny_family_model
     from test_gate_real_non_dp_vlm import tiny_glm_image_config
 
     from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration

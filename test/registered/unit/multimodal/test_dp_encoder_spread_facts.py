@@ -23,9 +23,9 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
-from cpu_support import mm_harness as H  # noqa: E402
-from cpu_support import tiny_qwen3_vl as T  # noqa: E402
-from cpu_support.ranks import run_on_ranks  # noqa: E402
+from cpu_support.ranks import mm_harness as H  # noqa: E402
+from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
+from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
 
 CAP = 200  # patches a rank
 
@@ -48,7 +48,7 @@ def _video_item(t, h, w):
 
 
 def _worker(rank, world_size, init_method):
-    from cpu_support.tiny_kimi_minimax import build_tiny_kimi_k3
+    from cpu_support.tiny_models.tiny_kimi_minimax import build_tiny_kimi_k3
 
     from sglang.srt.managers import mm_schedule
     from sglang.srt.models.glm5_next import Glm5NextForConditionalGeneration
@@ -148,7 +148,7 @@ def test_a_warm_up_written_against_the_seed_runs_one_call_per_grid():
     """Seed 001's GLM branch runs the vision tower on two dummy grids through
     mm_utils.warm_up_vision_tower when hip_dp_encoder_batches_vit() holds; a
     flat list of grids is one one-image call per grid."""
-    from cpu_support.ranks import free_port
+    from cpu_support.ranks.gloo import free_port
 
     from sglang.srt.multimodal.mm_utils import warm_up_vision_tower
 

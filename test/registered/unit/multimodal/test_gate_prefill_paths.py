@@ -22,9 +22,9 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
 
-from cpu_support import mm_harness as H  # noqa: E402
-from cpu_support import tiny_qwen3_vl as T  # noqa: E402
-from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
+from cpu_support.ranks import mm_harness as H  # noqa: E402
+from cpu_support.ranks.gloo import free_port, run_on_ranks  # noqa: E402
+from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
 
 GATE_LOGGER = "sglang.srt.multimodal.vit_batching"
 METRICS_LOGGER = "sglang.srt.observability.vit_batch_metrics"
@@ -368,8 +368,8 @@ def _rank_worker(rank, world_size, init_method, grids_per_request):
     path whatever the flag: ``_get_chunked_embedding_by_item`` once per
     request, called here exactly as its ROCm branch calls it. The series' gate
     is the whole scheduler step."""
-    from cpu_support import mm_harness as H
-    from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.ranks import mm_harness as H
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.managers import mm_schedule
     from sglang.srt.runtime_context import override_platform

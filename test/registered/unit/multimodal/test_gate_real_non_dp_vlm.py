@@ -33,9 +33,9 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=15, suite="stage-a-test-cpu")
 
-from cpu_support import mm_harness as H  # noqa: E402
-from cpu_support.ranks import run_on_ranks  # noqa: E402
-from cpu_support.tiny_gemma3_internvl import (  # noqa: E402
+from cpu_support.ranks import mm_harness as H  # noqa: E402
+from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
+from cpu_support.tiny_models.tiny_gemma3_internvl import (  # noqa: E402
     GEMMA3_TOKENS_PER_IMAGE,
     HIDDEN,
     gemma3_request,
@@ -107,8 +107,8 @@ def count_items(calls):
 
 
 def _rank_worker(rank, world_size, init_method):
-    from cpu_support import tiny_gemma3_internvl as G
-    from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.tiny_models import tiny_gemma3_internvl as G
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.multimodal import vit_batching
     from sglang.srt.runtime_context import override_platform
@@ -153,7 +153,7 @@ def _rank_worker(rank, world_size, init_method):
     # --- Models the DP encoder spreads but the warm-up has no plan for, under
     # the gate: InternVL (its own tile runner, no plan) and GLM-Image (left
     # out on purpose: serving it with the DP encoder is broken upstream).
-    from cpu_support.tiny_vl_family import build_tiny_family_model
+    from cpu_support.tiny_models.tiny_vl_family import build_tiny_family_model
 
     from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
 

@@ -31,10 +31,10 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 
-from cpu_support import mm_harness as H  # noqa: E402
-from cpu_support import tiny_qwen3_vl as T  # noqa: E402
-from cpu_support.mm_harness import ROCM, TowerCalls  # noqa: E402
-from cpu_support.ranks import run_on_ranks  # noqa: E402
+from cpu_support.ranks import mm_harness as H  # noqa: E402
+from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
+from cpu_support.ranks.mm_harness import ROCM, TowerCalls  # noqa: E402
+from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
 
 GRAPH_ENV = "SGLANG_VIT_ENABLE_CUDA_GRAPH"
 GRAPH_CAPACITY = 32  # graphs a tower keeps

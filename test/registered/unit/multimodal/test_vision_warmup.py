@@ -25,11 +25,11 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=15, suite="stage-a-test-cpu")
 
-from cpu_support import mm_harness as H  # noqa: E402
-from cpu_support import tiny_qwen3_vl as T  # noqa: E402
-from cpu_support import tiny_vl_family as F  # noqa: E402
-from cpu_support.mm_harness import PLATFORMS, ROCM, TowerCalls  # noqa: E402
-from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
+from cpu_support.ranks import mm_harness as H  # noqa: E402
+from cpu_support.ranks.gloo import free_port, run_on_ranks  # noqa: E402
+from cpu_support.ranks.mm_harness import PLATFORMS, ROCM, TowerCalls  # noqa: E402
+from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
+from cpu_support.tiny_models import tiny_vl_family as F  # noqa: E402
 from vision_warmup_audit import (  # noqa: E402
     CEILING_CALL,
     SERVING_SWEEP,

@@ -2,7 +2,7 @@
 Bailing families, against SGLang's real model classes on CPU.
 
 Each family is SGLang's real class built from a tiny random-weight config
-(``cpu_support.tiny_vl_family``). The hook under test is SGLang's real
+(``cpu_support.tiny_models.tiny_vl_family``). The hook under test is SGLang's real
 post-load hook, ``maybe_precompile_model_kernels_after_loading``, with the
 series applied. Tower calls are observed with a forward pre-hook on the real
 tower (``mm_harness.TowerCalls``); compiles are Dynamo's own counter
@@ -27,11 +27,11 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
 
-from cpu_support import mm_harness as H  # noqa: E402
-from cpu_support import tiny_qwen3_vl as T  # noqa: E402
-from cpu_support import tiny_vl_family as F  # noqa: E402
-from cpu_support.mm_harness import PLATFORMS, TowerCalls  # noqa: E402
-from cpu_support.ranks import run_on_ranks  # noqa: E402
+from cpu_support.ranks import mm_harness as H  # noqa: E402
+from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
+from cpu_support.ranks.mm_harness import PLATFORMS, TowerCalls  # noqa: E402
+from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
+from cpu_support.tiny_models import tiny_vl_family as F  # noqa: E402
 from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP  # noqa: E402
 
 # (platform, DP encoder) at attention-TP 2 for the smoke run.

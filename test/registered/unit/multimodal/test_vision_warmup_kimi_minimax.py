@@ -6,8 +6,8 @@ Each model is SGLang's real class (``KimiVLForConditionalGeneration``,
 ``MiniMaxM3SparseForConditionalGeneration``) built by its real ``__init__``
 from a tiny random-weight config carrying ``encoder_only=True``, which builds
 the vision tower and projector and no language model
-(``cpu_support.tiny_kimi_minimax``; the LMs have no CPU path). The hook under
-test is SGLang's real post-load hook,
+(``cpu_support.tiny_models.tiny_kimi_minimax``; the LMs have no CPU path).
+The hook under test is SGLang's real post-load hook,
 ``maybe_precompile_model_kernels_after_loading``, with the series applied.
 Tower calls are observed with a forward pre-hook on the real tower (the grids
 and the keyword arguments each call got); compiles are Dynamo's own counter
@@ -38,14 +38,14 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=15, suite="stage-a-test-cpu")
 
-from cpu_support.mm_harness import (  # noqa: E402
+from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
+from cpu_support.ranks.mm_harness import (  # noqa: E402
     PLATFORMS,
     TowerCalls,
     frames_compiled,
     post_load_hook,
     warm_up_log,
 )
-from cpu_support.ranks import run_on_ranks  # noqa: E402
 from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP  # noqa: E402
 
 # (platform, DP encoder) at attention-TP 2 for the smoke run.
@@ -173,7 +173,7 @@ def _compile_audit(name, model):
 
 
 def _rank_worker(rank, world_size, init_method):
-    from cpu_support import tiny_kimi_minimax as K
+    from cpu_support.tiny_models import tiny_kimi_minimax as K
 
     K.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
     K.init_gloo(rank, world_size, init_method)

@@ -26,9 +26,9 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
 
-from cpu_support import mm_harness as H  # noqa: E402
-from cpu_support import tiny_qwen3_vl as T  # noqa: E402
-from cpu_support.ranks import free_port, run_on_ranks  # noqa: E402
+from cpu_support.ranks import mm_harness as H  # noqa: E402
+from cpu_support.ranks.gloo import free_port, run_on_ranks  # noqa: E402
+from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
 
 GRAPH_ENV = "SGLANG_VIT_ENABLE_CUDA_GRAPH"
 GRID = (1, 8, 8)  # one size: every single-image call has the same layout

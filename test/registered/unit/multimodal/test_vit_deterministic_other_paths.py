@@ -36,13 +36,13 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=15, suite="stage-a-test-cpu")
 
-from cpu_support import mm_harness as H  # noqa: E402
-from cpu_support.ranks import run_on_ranks  # noqa: E402
-from cpu_support.tiny_gemma3_internvl import (  # noqa: E402
+from cpu_support.ranks import mm_harness as H  # noqa: E402
+from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
+from cpu_support.tiny_models.tiny_gemma3_internvl import (  # noqa: E402
     GEMMA3_TOKENS_PER_IMAGE,
     HIDDEN,
 )
-from cpu_support.tiny_gemma3_internvl import (  # noqa: E402
+from cpu_support.tiny_models.tiny_gemma3_internvl import (  # noqa: E402
     INTERNVL_TOKENS_PER_TILE as TOKENS_PER_TILE,
 )
 
@@ -111,8 +111,8 @@ def _steps(model, requests, platforms, tower, modes=(True, False)):
 
 
 def _worker(rank, world_size, init_method):
-    from cpu_support import tiny_gemma3_internvl as G
-    from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.tiny_models import tiny_gemma3_internvl as G
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     result = {}
     # (a) InternVL with the DP encoder at attention-TP 2.

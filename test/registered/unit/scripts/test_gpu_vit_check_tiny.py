@@ -100,7 +100,7 @@ _OBSERVED_RUN = textwrap.dedent(
         # What a scheduler with --enable-metrics publishes for the encoder
         # path (the DEBUG lines come from its collector): rank 0 of one here.
         real_init_ranks(*args, **kwargs)
-        from cpu_support.mm_harness import vit_metrics_collector
+        from cpu_support.ranks.mm_harness import vit_metrics_collector
         from sglang.srt.multimodal.vit_batching import set_vit_encoder_metrics
 
         set_vit_encoder_metrics(vit_metrics_collector({"tp_rank": 0})[0])

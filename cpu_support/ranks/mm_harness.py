@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Sequence, Tuple
 
 import torch
-from cpu_support.tiny_qwen3_vl import image_item, tokens_per_image
+from cpu_support.tiny_models.tiny_qwen3_vl import image_item, tokens_per_image
 
 TEXT_BEFORE = 5  # text tokens before the first image of a request
 TEXT_BETWEEN = 2  # text tokens between two images / after the last
@@ -462,7 +462,7 @@ def decision_tables(rank, world_size, init_method):
     "warm_up_guards": {name: (warm, reason)}}`` for every row of
     ``decision_rows()`` (platform, flag, attention-TP, encoder kind).
     """
-    from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.managers import mm_schedule
     from sglang.srt.multimodal import vision_warmup, vit_batching

@@ -1,7 +1,7 @@
 """Demo-only start-up hook: make ONLY the ViT-batching gate and the warm-up decision see ROCm.
 
 NOT part of the patch series and not a product feature. The CPU server
-(``cpu_support/cpu_server.py``) puts this directory on ``PYTHONPATH`` and sets
+(``cpu_support/server/cpu_server.py``) puts this directory on ``PYTHONPATH`` and sets
 ``FORK_DEMO_SIMULATE_ROCM_GATE=1`` only when a demo or benchmark asks for it;
 Python then imports this ``sitecustomize`` at start-up in every server
 process (HTTP server, tokenizer manager, every scheduler rank). The next
@@ -9,7 +9,7 @@ process (HTTP server, tokenizer manager, every scheduler rank). The next
 
 On a CPU, SGLang batches ViT cache misses across requests like CUDA does. To
 show the ROCm decision on the CPU server, this hook patches sglang's modules
-right after they are imported (``cpu_support/post_import.py``):
+right after they are imported (``cpu_support/server/startup_hooks/post_import.py``):
 
 * series build (``mm_schedule._batch_vit_across_requests`` exists): that
   gate, ``mm_utils.hip_dp_encoder_batches_vit`` and the vision warm-up's
@@ -36,11 +36,14 @@ per scheduler, by its ``tp_rank`` label).
 import os
 import sys
 
-# The repository root, so that cpu_support imports in this server process.
+# The repository root (four folders up from this hook's own), so that
+# cpu_support imports in this server process.
 sys.path.append(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.path.normpath(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), *[os.pardir] * 4)
+    )
 )
-from cpu_support.post_import import (  # noqa: E402
+from cpu_support.server.startup_hooks.post_import import (  # noqa: E402
     chain_next_sitecustomize,
     patch_after_import,
 )

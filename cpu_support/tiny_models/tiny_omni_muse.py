@@ -14,8 +14,8 @@ runtime context, so publish it (and build the gloo groups) first.
 from __future__ import annotations
 
 import torch
-from cpu_support.tiny_qwen3_vl import build_tiny_qwen3_vl
-from cpu_support.tiny_sizes import TINY_VISION
+from cpu_support.tiny_models.tiny_qwen3_vl import build_tiny_qwen3_vl
+from cpu_support.tiny_models.tiny_sizes import TINY_VISION
 
 HIDDEN = 64  # both language models' hidden size
 

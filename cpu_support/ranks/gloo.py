@@ -1,13 +1,13 @@
 """Run a function on N gloo ranks (one process each) and fail fast.
 
 Each rank is a fresh process forked from a ``forkserver`` that imported
-torch and SGLang once (``cpu_support.rank_preload``), so a rank starts in
+torch and SGLang once (``cpu_support.ranks.rank_preload``), so a rank starts in
 well under a second instead of re-importing them, yet holds no state a rank
 before it left: no compiled frame, no process group, no module-level cache.
 (A rank whose ``MALLOC_*`` variables differ from the forkserver's is
 spawned instead: glibc reads them only at process start.) It runs with the
 parent's environment and ``sys.path`` as they are when it starts, calls
-:func:`cpu_support.standins.prepare_cpu_process`, then
+:func:`cpu_support.standins.prepare.prepare_cpu_process`, then
 ``fn(rank, world_size, init_method, *args)``. The parent returns the list of
 per-rank results. If any rank raises or dies, the others are killed at once
 and the parent raises with that rank's traceback: a dead worker must never
@@ -38,7 +38,7 @@ def free_port() -> int:
 
 
 # What the forkserver imports before it forks any rank.
-PRELOAD = "cpu_support.rank_preload"
+PRELOAD = "cpu_support.ranks.rank_preload"
 
 
 # glibc reads these when a process starts, not when it forks: a rank that
@@ -63,7 +63,8 @@ def _context():
     ctx.set_forkserver_preload([PRELOAD])
     # Python 3.11's forkserver does not take the parent's sys.path, only its
     # environment: PYTHONPATH names the folder PRELOAD's package lives in.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.abspath(__file__))  # cpu_support/ranks
+    root = os.path.dirname(os.path.dirname(here))
     before = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (before, root) if p)
     try:
@@ -82,7 +83,7 @@ def _child(fn, rank, world_size, init_method, args, kwargs, results, threads, en
         os.environ.clear()
         os.environ.update(env)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        from cpu_support.standins import prepare_cpu_process
+        from cpu_support.standins.prepare import prepare_cpu_process
 
         prepare_cpu_process()
         import torch

@@ -2,7 +2,7 @@
 
 Test-and-demo support (docs/cpu.md, "The CPU server"). The server runs
 SGLang's own CPU engine (``SGLANG_USE_CPU_ENGINE=1``) on the tiny Qwen3-VL
-from :mod:`cpu_support.make_tiny_model`, with the fork's ``sgl_kernel``
+from :mod:`cpu_support.tiny_models.make_tiny_model`, with the fork's ``sgl_kernel``
 stand-in installed in the venv::
 
     with CpuServer(model_dir, tp_size=2, dp_encoder=True, log_path="s.log") as srv:
@@ -14,7 +14,8 @@ stand-in installed in the venv::
   group by its id, then kills every process it started (found by PID, also
   ones that left the group), so nothing is left behind.
 * ``simulate_rocm_gate=True`` loads the demo-only start-up hook in
-  ``cpu_support/rocm_gate_sim`` into every server process (see that file).
+  ``cpu_support/server/startup_hooks/rocm_gate_sim`` into every server
+  process (see that file).
 * ``python_path`` prepends directories to ``PYTHONPATH``: point it at a
   ``--target`` tree holding another ``sglang`` (the pristine release for A/B
   runs) and the server imports that one instead of the venv's.
@@ -33,12 +34,14 @@ import urllib.request
 from typing import Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROCM_GATE_SIM_DIR = os.path.join(HERE, "rocm_gate_sim")
+# The start-up hooks: folders holding a sitecustomize.py, put on PYTHONPATH.
+STARTUP_HOOKS = os.path.join(HERE, "startup_hooks")
+ROCM_GATE_SIM_DIR = os.path.join(STARTUP_HOOKS, "rocm_gate_sim")
 ROCM_GATE_SIM_ENV = "FORK_DEMO_SIMULATE_ROCM_GATE"
 # A tree holding sglang that every server imports, ahead of ``python_path``
 # (scripts/run_tests_on_pristine.py sets it to the pristine tree).
 SGLANG_TREE_ENV = "FORK_SGLANG_TREE"
-VIT_PROFILE_DIR = os.path.join(HERE, "vit_profile")
+VIT_PROFILE_DIR = os.path.join(STARTUP_HOOKS, "vit_profile")
 VIT_PROFILE_ENV = "FORK_VIT_PROFILE_DIR"
 # A path that never exists: SGLang then treats NCCL as absent (see docs/cpu.md).
 MISSING_NCCL_PATH = "/nonexistent/fork-cpu-support/libnccl.so"
@@ -159,7 +162,7 @@ def server_env(
     of one thread per CPU when unset).
 
     ``vit_profile_dir``: time every vision-tower call into that folder
-    (``cpu_support/vit_profile``, profiling only).
+    (``cpu_support/server/startup_hooks/vit_profile``, profiling only).
     """
     env = dict(os.environ if base is None else base)
     if omp_threads is None:
@@ -447,7 +450,8 @@ def main(argv=None) -> int:
     )
     p.add_argument(
         "--vit-profile-dir",
-        help="time every vision-tower call into this folder (cpu_support/vit_profile)",
+        help="time every vision-tower call into this folder "
+        "(cpu_support/server/startup_hooks/vit_profile)",
     )
     a = p.parse_args(argv)
     srv = CpuServer(
@@ -475,5 +479,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(HERE))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository
     sys.exit(main())

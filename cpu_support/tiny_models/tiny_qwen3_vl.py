@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
-from cpu_support.standins import prepare_cpu_process
+from cpu_support.standins.prepare import prepare_cpu_process
 
 prepare_cpu_process()
 
 import torch  # noqa: E402
-from cpu_support.seeded_model import default_dtype, fill_weights_  # noqa: E402,F401
-from cpu_support.tiny_sizes import TINY_TEXT, TINY_VISION  # noqa: E402,F401
+from cpu_support.tiny_models.seeded_model import (  # noqa: E402,F401
+    default_dtype,
+    fill_weights_,
+)
+from cpu_support.tiny_models.tiny_sizes import TINY_TEXT, TINY_VISION  # noqa: E402,F401
 
 
 def tiny_qwen3_vl_config(

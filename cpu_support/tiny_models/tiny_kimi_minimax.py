@@ -22,13 +22,19 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Dict
 
-from cpu_support.standins import prepare_cpu_process
+from cpu_support.standins.prepare import prepare_cpu_process
 
 prepare_cpu_process()
 
 import torch  # noqa: E402
-from cpu_support.seeded_model import default_dtype, fill_weights_  # noqa: E402
-from cpu_support.tiny_qwen3_vl import init_gloo, publish_cpu_context  # noqa: E402,F401
+from cpu_support.tiny_models.seeded_model import (  # noqa: E402
+    default_dtype,
+    fill_weights_,
+)
+from cpu_support.tiny_models.tiny_qwen3_vl import (  # noqa: E402,F401
+    init_gloo,
+    publish_cpu_context,
+)
 
 # Shared tiny sizes (head dim 20 is a multiple of 4, as MoonViT's 2D RoPE needs).
 TINY_HIDDEN = 80

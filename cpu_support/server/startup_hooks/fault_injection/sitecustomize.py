@@ -17,11 +17,14 @@ loaded afterwards, so the two hooks combine.
 import os
 import sys
 
-# The repository root, so that cpu_support imports in this server process.
+# The repository root (four folders up from this hook's own), so that
+# cpu_support imports in this server process.
 sys.path.append(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    os.path.normpath(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), *[os.pardir] * 4)
+    )
 )
-from cpu_support.post_import import (  # noqa: E402
+from cpu_support.server.startup_hooks.post_import import (  # noqa: E402
     chain_next_sitecustomize,
     patch_after_import,
 )

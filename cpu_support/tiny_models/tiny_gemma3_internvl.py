@@ -15,8 +15,13 @@ and the model-parallel groups exist.
 from __future__ import annotations
 
 import torch
-from cpu_support.mm_harness import TEXT_BEFORE, TEXT_BETWEEN, Request, from_mm_inputs
-from cpu_support.tiny_vl_family import build_tiny_family_model
+from cpu_support.ranks.mm_harness import (
+    TEXT_BEFORE,
+    TEXT_BETWEEN,
+    Request,
+    from_mm_inputs,
+)
+from cpu_support.tiny_models.tiny_vl_family import build_tiny_family_model
 
 HIDDEN = 64  # both language models' hidden size
 IMAGE_SIZE = 32
@@ -86,7 +91,7 @@ def publish_dp_encoder_server(config, rank: int, world_size: int) -> None:
     """Publish the runtime context of a server of ``config`` (written to a
     model directory) at attention-TP ``world_size`` with
     ``--mm-enable-dp-encoder``, as rank ``rank``."""
-    from cpu_support import tiny_qwen3_vl as T
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     T.publish_cpu_context(
         tp_size=world_size,

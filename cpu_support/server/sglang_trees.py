@@ -1,6 +1,6 @@
 """``--target`` trees of SGLang 0.5.23: pristine, series and the series' repository.
 
-    python cpu_support/sglang_trees.py [--root .cache/trees]
+    python cpu_support/server/sglang_trees.py [--root .cache/trees]
 
 prints the three directories. A tree is a folder holding the ``sglang``
 package (and its dist-info); putting it first on ``PYTHONPATH`` makes any
@@ -35,7 +35,8 @@ import sys
 import tempfile
 import zipfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository root (this file is in cpu_support/server/).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERIES_PY = os.path.join(ROOT, "scripts", "series.py")
 DEFAULT_TREES = os.path.join(ROOT, ".cache", "trees")
 WHEEL_DIRS = (os.path.join(ROOT, ".cache", "wheels"), "/tmp/sg")

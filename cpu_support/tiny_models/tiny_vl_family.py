@@ -6,7 +6,7 @@ Each builder constructs SGLang's REAL model class (``Qwen3_5ForConditionalGenera
 ``Glm4vForConditionalGeneration``, ``Glm4vMoeForConditionalGeneration``,
 ``BailingMMNativeForConditionalGeneration``,
 ``BailingMoeV3VLForConditionalGeneration``) from a tiny config, through
-:func:`cpu_support.tiny_qwen3_vl.build_tiny_qwen3_vl` (seeded weights, CPU).
+:func:`cpu_support.tiny_models.tiny_qwen3_vl.build_tiny_qwen3_vl` (seeded weights, CPU).
 Only the vision towers are ever run; the language models are built because
 the hooks under test live on the full model classes. Call after the runtime
 context is published and the model-parallel groups exist.
@@ -15,9 +15,11 @@ context is published and the model-parallel groups exist.
 from __future__ import annotations
 
 import torch
-from cpu_support.tiny_qwen3_vl import TINY_VISION, build_tiny_qwen3_vl
-from cpu_support.tiny_sizes import TINY_QWEN2_5_VISION as _QWEN2_5_SERVER_VISION
-from cpu_support.tiny_sizes import TINY_TOWER
+from cpu_support.tiny_models.tiny_qwen3_vl import TINY_VISION, build_tiny_qwen3_vl
+from cpu_support.tiny_models.tiny_sizes import (
+    TINY_QWEN2_5_VISION as _QWEN2_5_SERVER_VISION,
+)
+from cpu_support.tiny_models.tiny_sizes import TINY_TOWER
 
 # A hybrid (Qwen3-Next style) text stack: one linear-attention layer, one
 # full-attention layer. partial_rotary_factor 1.0 keeps the mrope sections

@@ -1,6 +1,6 @@
 """Write a tiny Qwen-VL model directory for the CPU server (never downloaded).
 
-    python cpu_support/make_tiny_model.py --out DIR [--family qwen2_5_vl]
+    python cpu_support/tiny_models/make_tiny_model.py --out DIR [--family qwen2_5_vl]
 
 Two families (``--family``; default ``qwen3_vl``, the one everything else
 uses): ``qwen3_vl`` (``Qwen3VLForConditionalGeneration``) and ``qwen2_5_vl``
@@ -11,7 +11,7 @@ The directory holds what ``python -m sglang.launch_server --model-path DIR
 --load-format dummy`` and ``sglang.bench_serving`` read:
 
 * ``config.json``: ``Qwen3VLForConditionalGeneration`` with the tiny sizes of
-  :mod:`cpu_support.tiny_qwen3_vl` (vocabulary shrunk to the byte-level
+  :mod:`cpu_support.tiny_models.tiny_qwen3_vl` (vocabulary shrunk to the byte-level
   tokenizer below). No weights: the server fills them (``--load-format dummy``).
 * ``tokenizer.json`` + ``tokenizer_config.json``: a byte-level BPE without
   merges (one token per byte), built with ``tokenizers``, followed by the Qwen
@@ -37,10 +37,11 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if os.path.dirname(HERE) not in sys.path:
-    sys.path.insert(0, os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(HERE))  # the repository, for cpu_support
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
-from cpu_support.tiny_sizes import (  # noqa: E402  (no side effects)
+from cpu_support.tiny_models.tiny_sizes import (  # noqa: E402  (no side effects)
     TINY_QWEN2_5_TEXT,
     TINY_QWEN2_5_VISION,
     TINY_TEXT,
@@ -105,7 +106,7 @@ PROCESSOR_CLASSES = {
     "qwen2_5_vl": "Qwen2_5_VLProcessor",
 }
 
-# The tiny Qwen2.5-VL: the sizes of cpu_support.tiny_sizes (tower, text),
+# The tiny Qwen2.5-VL: the sizes of cpu_support.tiny_models.tiny_sizes (tower, text),
 # with video positions at 2 tokens a second. Heads and kv heads divide by 2
 # (TP2); mrope 2+3+3 = head_dim / 2.
 TINY_QWEN2_5_VL_VISION = dict(TINY_QWEN2_5_VISION, tokens_per_second=2)

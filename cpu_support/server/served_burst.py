@@ -1,7 +1,7 @@
 """A tiny model served on the CPU and driven once by the burst harness.
 
 ``serve_and_burst`` starts the real ``sglang.launch_server`` from the series
-tree (:class:`cpu_support.cpu_server.CpuServer`: ``--tp-size 2
+tree (:class:`cpu_support.server.cpu_server.CpuServer`: ``--tp-size 2
 --mm-enable-dp-encoder --enable-metrics``), runs ``benchmark/image_burst/bench_image_burst.py``
 against it with the caller's burst arguments, and stops the server by PID
 whatever happened. The CPU server end-to-end tests share it.
@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from cpu_support.cpu_server import CpuServer
-from cpu_support.sglang_trees import series_tree
+from cpu_support.server.cpu_server import CpuServer
+from cpu_support.server.sglang_trees import series_tree
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository root (this file is in cpu_support/server/).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH_IMAGE_BURST = os.path.join(
     ROOT, "benchmark", "image_burst", "bench_image_burst.py"
 )
