@@ -163,6 +163,36 @@ def capture_log(name: str) -> LogRecords:
     return handler
 
 
+# The gate says what ROCm chose through SGLang's print_info_once, whose
+# logger is its own module's.
+GATE_LOGGER = "sglang.srt.utils.common"
+
+
+class GateLines(LogRecords):
+    def line(self, record):
+        message = record.getMessage()
+        if "cross-request ViT batching" in message:
+            return record.levelno, message
+        return None
+
+
+def capture_gate_log() -> GateLines:
+    """The gate's INFO lines (``cross-request ViT batching: ...``) for the rest
+    of the process."""
+    handler = GateLines()
+    log = logging.getLogger(GATE_LOGGER)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return handler
+
+
+def fresh_gate_log() -> None:
+    """Forget the gate decisions this process logged, as a fresh server."""
+    from sglang.srt.utils import print_info_once
+
+    print_info_once.cache_clear()
+
+
 @contextlib.contextmanager
 def warm_up_log():
     """A ``WarmUpLog`` on the vision warm-up's logger (set to INFO) while inside."""
@@ -313,7 +343,7 @@ def vit_metrics_collector(labels: dict, records_calls: bool = True, registry=Non
 
     from prometheus_client import CollectorRegistry, Counter, Histogram
 
-    from sglang.srt.observability.vit_batch_metrics import ViTEncoderMetricsCollector
+    from sglang.srt.observability.metrics_collector import ViTEncoderMetricsCollector
 
     registry = CollectorRegistry() if registry is None else registry
 
@@ -345,7 +375,9 @@ def scheduler_vit_metrics(registry=None, **observability):
     from prometheus_client import CollectorRegistry
 
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.observability.vit_batch_metrics import STAT_LOGGER_ROLE_VIT_ENCODER
+    from sglang.srt.observability.metrics_collector import (
+        STAT_LOGGER_ROLE_VIT_ENCODER,
+    )
     from sglang.srt.runtime_context import (
         get_observability,
         get_resources,
@@ -370,6 +402,7 @@ def scheduler_vit_metrics(registry=None, **observability):
         scheduler.enable_priority_scheduling = False
         scheduler.enable_lora = False
         scheduler.enable_hierarchical_cache = False
+        scheduler.model_config = types.SimpleNamespace(is_multimodal=True)
         scheduler.init_metrics_collector()
         yield scheduler, registry
 
@@ -465,7 +498,7 @@ def decision_tables(rank, world_size, init_method):
     from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.managers import mm_schedule
-    from sglang.srt.multimodal import vision_warmup, vit_batching
+    from sglang.srt.multimodal import vision_warmup
     from sglang.srt.multimodal.mm_utils import hip_dp_encoder_batches_vit
     from sglang.srt.multimodal.modality import Modality
     from sglang.srt.runtime_context import (
@@ -475,19 +508,19 @@ def decision_tables(rank, world_size, init_method):
         override_platform,
     )
 
-    # A one-rank process group, so that the gate's log_info_on_rank0 sees
-    # rank 0 as a server's rank 0 would (no TP groups are built).
+    # A one-rank process group, as a server's rank 0 has (no TP groups are
+    # built).
     torch.distributed.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world_size
     )
     model_dir = T.write_config_dir()
-    records = capture_log(vit_batching.logger.name).lines
+    records = capture_gate_log().lines
     tables = {"gate": {}, "warm_up": {}, "warm_up_guards": {}}
     for row in decision_rows():
         platform, flag, attn_tp, kind = row
         T.publish_cpu_context(tp_size=attn_tp, dp_encoder=flag, model_path=model_dir)
         model = DecisionModel({"dp": flag, "not-dp": False, "ignores-flag": None}[kind])
-        vit_batching._logged_decisions.clear()  # as if a fresh process
+        fresh_gate_log()  # as if a fresh process
         with override_platform(**PLATFORMS[platform]), get_mm().override(
             mm_enable_dp_encoder=flag
         ):

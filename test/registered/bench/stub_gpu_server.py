@@ -19,7 +19,7 @@ needs a GPU, and keeps the preconditions a real GPU server has:
   ``/metrics``. When the sglang
   on its ``PYTHONPATH`` has the series applied (``series.py status``),
   ``/metrics`` exports the series' encoder series through the tree's own
-  collector (``sglang.srt.observability.vit_batch_metrics
+  collector (``sglang.srt.observability.metrics_collector
   .ViTEncoderMetricsCollector``), one per simulated scheduler as a TP server
   has them: each with a scheduler's labels (its own ``tp_rank``) in its own
   registry, attention-TP rank 0 recording the call series, and ``/metrics``
@@ -141,7 +141,7 @@ def _scheduler_collectors(model, tp_size):
 
     import prometheus_client as pc
 
-    from sglang.srt.observability.vit_batch_metrics import ViTEncoderMetricsCollector
+    from sglang.srt.observability.metrics_collector import ViTEncoderMetricsCollector
 
     out = []
     for rank in range(tp_size):

@@ -7,7 +7,7 @@ one-image call on one rank; the cross-request call splits the burst's images
 over both ranks as the DP encoder's load balancer assigns them.
 
 Each rank also reports what the series recorded of its steps (its DEBUG
-lines, ``observability/vit_batch_metrics``): the batched path is the series'
+lines, ``observability/metrics_collector``): the batched path is the series'
 cross-request call (``path=batched``, every request in it) with each rank's
 share as the balancer assigned it; the per-request path is one
 ``path=per_request`` call per request.
@@ -25,7 +25,7 @@ import pytest  # noqa: E402
 
 BURST = "64x64:3,128x64:2"  # 5 requests: 16 and 32 patches, interleaved
 REPEATS = 1
-METRICS_LOGGER = "sglang.srt.observability.vit_batch_metrics"
+METRICS_LOGGER = "sglang.srt.observability.metrics_collector"
 REAL_RANK_MAIN = D.rank_main
 
 

@@ -116,9 +116,7 @@ def _fresh_server():
     the gate's once-per-server log memory emptied."""
     H.fresh_embedding_cache()
     if _has_series():
-        from sglang.srt.multimodal import vit_batching
-
-        vit_batching._logged_decisions.clear()
+        H.fresh_gate_log()
 
 
 def _step(encoder, requests, platform, gate_log, calls, towers=None, cap=None):
@@ -165,7 +163,7 @@ def _rank_worker(rank, world_size, init_method):
     from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
 
     series = _has_series()  # pristine SGLang runs only the upstream arms
-    gate_log = H.capture_log("sglang.srt.multimodal.vit_batching")
+    gate_log = H.capture_gate_log()
     result = {}
     calls, towers = [], []
     platforms = ("ROCm",)

@@ -82,7 +82,7 @@ def _worker(rank, world_size, init_method):
                         glm_image, Modality.IMAGE
                     ),
                 }
-                vit_batching._logged_decisions.clear()
+                H.fresh_gate_log()
                 out["kimi_k3"][flag, attn_tp] = {
                     "gate": mm_schedule._batch_vit_across_requests(
                         kimi_k3.get_image_feature, Modality.IMAGE

@@ -26,8 +26,7 @@ from cpu_support.ranks import mm_harness as H  # noqa: E402
 from cpu_support.ranks.gloo import free_port, run_on_ranks  # noqa: E402
 from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
 
-GATE_LOGGER = "sglang.srt.multimodal.vit_batching"
-METRICS_LOGGER = "sglang.srt.observability.vit_batch_metrics"
+METRICS_LOGGER = "sglang.srt.observability.metrics_collector"
 
 
 def expected_gate(platform: str, flag: bool, attn_tp: int, kind: str):
@@ -53,6 +52,13 @@ def gate_line(batched: bool, reason: str) -> str:
     return f"cross-request ViT batching: {'on' if batched else 'off'} ({reason})"
 
 
+def gate_lines(platform: str, batched: bool, reason: str) -> list:
+    """ROCm, the one platform that chooses per model, says what it chose."""
+    if platform != "ROCm":
+        return []
+    return [(logging.INFO, gate_line(batched, reason))]
+
+
 # ---------------------------------------------------------------------------
 # The decision: one table
 # ---------------------------------------------------------------------------
@@ -69,7 +75,7 @@ def test_gate_decision_table(decision_tables):
         want = (
             {batched},
             row[0] == "ROCm" and batched,
-            [(logging.INFO, gate_line(batched, reason))],
+            gate_lines(row[0], batched, reason),
         )
         if got != want:
             wrong.append((row, got, want))
@@ -81,10 +87,11 @@ def test_the_model_fact_is_read_from_the_bound_encoder():
     model; a plain function names none (not known to be data-parallel)."""
     import functools
 
-    from sglang.srt.multimodal.vit_batching import (
-        encoder_owner,
-        vision_encoder_is_data_parallel,
-    )
+    from sglang.srt.multimodal.modality import Modality
+    from sglang.srt.multimodal.vit_batching import dp_encoder_of, encoder_owner
+
+    def spreads(encoder):
+        return dp_encoder_of(encoder, Modality.IMAGE) is not None
 
     model = H.DecisionModel(True)
     for encoder in (
@@ -93,15 +100,12 @@ def test_the_model_fact_is_read_from_the_bound_encoder():
         model,
     ):
         assert encoder_owner(encoder) is model
-        assert vision_encoder_is_data_parallel(encoder) is True
-    assert (
-        vision_encoder_is_data_parallel(H.DecisionModel(False).get_image_feature)
-        is False
-    )
-    assert vision_encoder_is_data_parallel(H.DecisionModel().get_image_feature) is False
+        assert spreads(encoder) is True
+    assert spreads(H.DecisionModel(False).get_image_feature) is False
+    assert spreads(H.DecisionModel().get_image_feature) is False
     assert encoder_owner(lambda items: items) is None
-    assert vision_encoder_is_data_parallel(lambda items: items) is False
-    assert vision_encoder_is_data_parallel(None) is False
+    assert spreads(lambda items: items) is False
+    assert spreads(None) is False
 
 
 # ---------------------------------------------------------------------------
@@ -135,13 +139,12 @@ def tower_calls(model):
 def setting(platform: str, dp_encoder: bool):
     """Scoped platform + DP-encoder flag, as a fresh process (the gate's
     once-per-process log is reset); yields the gate's log lines."""
-    from sglang.srt.multimodal import vit_batching
     from sglang.srt.runtime_context import get_mm, get_parallel, override_platform
 
     assert get_parallel().attn_tp_size == 1
-    vit_batching._logged_decisions.clear()
-    handler = H.LogRecords()
-    log = logging.getLogger(GATE_LOGGER)
+    H.fresh_gate_log()
+    handler = H.GateLines()
+    log = logging.getLogger(H.GATE_LOGGER)
     previous = log.level
     log.addHandler(handler)
     log.setLevel(logging.INFO)
@@ -189,9 +192,9 @@ def encoder_call_records():
 
 
 def decided(gate) -> list:
-    """The gate's one INFO line in ``gate`` at attention-TP 1."""
+    """The gate's INFO lines in ``gate`` at attention-TP 1 (ROCm's one)."""
     platform, flag = gate
-    return [(logging.INFO, gate_line(*expected_gate(platform, flag, 1, "dp")))]
+    return gate_lines(platform, *expected_gate(platform, flag, 1, "dp"))
 
 
 def per_path(gate, requests_images):
@@ -377,7 +380,7 @@ def _rank_worker(rank, world_size, init_method, grids_per_request):
     T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
     T.init_gloo(rank, world_size, init_method)
     model = T.build_tiny_qwen3_vl(seed=1)
-    gate_log = H.capture_log(GATE_LOGGER)
+    gate_log = H.capture_gate_log()
     requests = [
         H.make_request(g, seed=100 + i) for i, g in enumerate(grids_per_request)
     ]

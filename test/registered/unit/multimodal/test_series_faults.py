@@ -136,7 +136,7 @@ def _metrics_fault(rank, model):
     disk), inside the DP runner's collective region."""
     from sglang.srt.multimodal.vit_batching import get_vit_encoder_metrics
 
-    log = H.capture_log("sglang.srt.observability.vit_batch_metrics")
+    log = H.capture_log("sglang.srt.observability.metrics_collector")
     log.lines.clear()
 
     def full_disk(**labels):
@@ -413,7 +413,7 @@ def _diverging_caches_worker(rank, world_size, init_method):
 
     T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
     T.init_gloo(rank, world_size, init_method)
-    gate_log = H.capture_log("sglang.srt.multimodal.vit_batching")
+    gate_log = H.capture_gate_log()
     model = T.build_tiny_qwen3_vl()
     requests = _requests(seed=40)
     H.fresh_embedding_cache()

@@ -51,7 +51,7 @@ DTYPES = ["float32", "bfloat16"]
 # InternVL requests, as tiles per image: one request with two images.
 INTERNVL_TILES = [[3], [1, 2], [1]]
 GEMMA3_IMAGES = [1, 2, 1]  # images per request
-GATE_LOGGER = "sglang.srt.multimodal.vit_batching"
+VIT_BATCHING = "sglang.srt.multimodal.vit_batching"
 
 
 @contextlib.contextmanager
@@ -71,10 +71,8 @@ def _fresh_server():
     """An empty embedding cache and, with the series, its gate's once-per-server
     log memory emptied (pristine has no gate and logs no decision)."""
     H.fresh_embedding_cache()
-    if importlib.util.find_spec(GATE_LOGGER) is not None:
-        from sglang.srt.multimodal import vit_batching
-
-        vit_batching._logged_decisions.clear()
+    if importlib.util.find_spec(VIT_BATCHING) is not None:
+        H.fresh_gate_log()
 
 
 def _steps(model, requests, platforms, tower, modes=(True, False)):
@@ -83,7 +81,7 @@ def _steps(model, requests, platforms, tower, modes=(True, False)):
     from sglang.srt.runtime_context import override_platform
 
     calls, towers, out = [], [], {}
-    gate_log = H.capture_log(GATE_LOGGER)
+    gate_log = H.capture_gate_log()
     model.get_image_feature = H.encoder_spy(model, record_first_dims(calls))
     handle = H.first_dims(tower, towers)
     try:

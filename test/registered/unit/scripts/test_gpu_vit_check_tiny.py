@@ -4,7 +4,7 @@ The script is the product (it is what runs when a GPU is lent). It runs
 once for the module, in a subprocess, through its own ``main`` with the
 documented arguments (``--tiny --repeats 1 --out DIR``), in a process that
 also notes, for every step the check times, the series' record of each
-encoder call in it (the DEBUG lines of ``observability/vit_batch_metrics``,
+encoder call in it (the DEBUG lines of ``observability/metrics_collector``,
 from the collector a scheduler with ``--enable-metrics`` publishes) and,
 where the step measures peak memory, how many bytes the embedding cache held
 when the measurement started. The tests read that one run: the
@@ -89,7 +89,7 @@ _OBSERVED_RUN = textwrap.dedent(
             if steps and message.startswith("ViT encoder call:"):
                 steps[-1]["lines"].append(message)
 
-    log = logging.getLogger("sglang.srt.observability.vit_batch_metrics")
+    log = logging.getLogger("sglang.srt.observability.metrics_collector")
     log.addHandler(Lines(logging.DEBUG))
     log.setLevel(logging.DEBUG)
     log.propagate = False
