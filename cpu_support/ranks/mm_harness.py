@@ -375,9 +375,7 @@ def scheduler_vit_metrics(registry=None, **observability):
     from prometheus_client import CollectorRegistry
 
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.observability.metrics_collector import (
-        STAT_LOGGER_ROLE_VIT_ENCODER,
-    )
+    from sglang.srt.observability.metrics_collector import STAT_LOGGER_ROLE_VIT_ENCODER
     from sglang.srt.runtime_context import (
         get_observability,
         get_resources,
