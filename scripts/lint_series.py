@@ -123,8 +123,7 @@ def series_files(
     """Paths (``sglang/...``) of the (Python) files the series touches in the
     package, in first-touched order; with ``tests``, the paths
     (``test/...``) of the test files it carries instead. Patch paths are
-    SGLang's repository paths (``python/sglang/...``, ``test/...``) or the
-    older ``sglang/...``."""
+    SGLang's repository paths (``python/sglang/...``, ``test/...``)."""
     with open(os.path.join(patches_dir, "series")) as f:
         names = [
             ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")
@@ -136,11 +135,7 @@ def series_files(
                 m = re.match(r"^diff --git a/(\S+) b/(\S+)$", line.rstrip("\n"))
                 if not m or m.group(2).startswith("test/") != tests:
                     continue
-                path = (
-                    m.group(2)[len("python/") :]
-                    if m.group(2).startswith("python/")
-                    else m.group(2)
-                )
+                path = m.group(2).removeprefix("python/")
                 if (path.endswith(".py") or not python_only) and path not in seen:
                     seen.append(path)
     return seen
