@@ -472,12 +472,20 @@ def build_rows(models_dir: str) -> Tuple[List[List[str]], List[str]]:
             )
 
         plan = warm_up_of(chain)
+        by_class = next(
+            (n for n in names if n in vision_warmup._WARM_UPS_BY_CLASS), None
+        )
         reason = next((NOT_WARMED[n] for n in names if n in NOT_WARMED), None)
-        if dp_units and plan is not None:
+        if dp_units and by_class is not None:
+            warm = f"`_WARM_UPS_BY_CLASS[{by_class!r}]`"
+        elif dp_units and plan is not None:
             tower, calls_name = plan
             calls = getattr(vision_warmup, calls_name)
-            calls = " ".join(vision_warmup._format_call(c) for c in calls)
-            warm = f"`{tower}`: {calls}"
+            if callable(calls):  # grids that depend on the tower and the TP width
+                warm = f"`{tower}`: `{calls_name}(tower)`"
+            else:
+                calls = " ".join(vision_warmup._format_call(c) for c in calls)
+                warm = f"`{tower}`: {calls}"
         elif reason is not None:
             warm = f"none: {reason}"
         elif dp_units:

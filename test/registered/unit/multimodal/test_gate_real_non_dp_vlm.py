@@ -10,11 +10,10 @@ data-parallel family on the same setting, one call spread over both ranks, is
 test_gate_prefill_paths.py's two-rank test.)
 
 SGLang's real post-load hook is checked on the same ranks for Gemma3 (the
-flag distributes nothing), InternVL (spread, but no warm-up of its own) and a
-tiny real GLM-Image (spread, deliberately not warmed): none of them has a
-vision warm-up in its ``precompile_kernels_after_loading`` (the warm-up lives
-on the families that have one), so the hook calls no tower and logs nothing
-on any rank.
+flag distributes nothing) and a tiny real GLM-Image (spread, deliberately not
+warmed): neither has a vision warm-up in its ``precompile_kernels_after_loading``
+(the warm-up lives on the families that have one), so the hook calls no tower
+and logs nothing on any rank.
 
 Everything goes through the real ``mm_schedule._get_chunked_prefill_embedding``
 with real ``MultimodalDataItem`` / ``MultimodalInputs`` objects, the arguments
@@ -149,16 +148,13 @@ def _rank_worker(rank, world_size, init_method):
     with torch.no_grad():
         result["gemma_alone"] = H.reference_rows(gemma, requests)
 
-    # --- Models the DP encoder spreads but the warm-up has no plan for, under
-    # the gate: InternVL (its own tile runner, no plan) and GLM-Image (left
-    # out on purpose: serving it with the DP encoder is broken upstream).
+    # --- A model the DP encoder spreads but the warm-up leaves out on
+    # purpose, under the gate: GLM-Image (serving it with the DP encoder is
+    # broken upstream).
     from cpu_support.tiny_models.tiny_vl_family import build_tiny_family_model
 
     from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
 
-    G.publish_dp_encoder_server(G.tiny_internvl_config(), rank, world_size)
-    internvl = G.build_tiny_internvl(seed=4)
-    result["internvl_hook"] = _hook_warnings(internvl, warm_log, internvl.vision_model)
     config = tiny_glm_image_config()
     G.publish_dp_encoder_server(config, rank, world_size)
     glm_image = build_tiny_family_model(config, GlmImageForConditionalGeneration)
@@ -220,16 +216,13 @@ def test_cuda_gemma3_batches_the_two_requests(ranks):
         )
 
 
-@pytest.mark.parametrize(
-    "key", ["internvl_hook", "glm_image_hook"], ids=["no-warm-up", "glm-image"]
-)
-def test_post_load_hook_warms_nothing_for_a_family_without_a_warm_up(ranks, key):
-    """InternVL (spread, no warm-up of its own) and GLM-Image (reads the flag
-    but its vision MLP stays tensor-parallel; vit_batching's class table calls
-    it not data-parallel): both built with use_data_parallel, neither
-    defines a vision warm-up, so no tower call and no line on any rank."""
+def test_post_load_hook_warms_nothing_for_glm_image(ranks):
+    """GLM-Image reads the flag but its vision MLP stays tensor-parallel
+    (vit_batching's class table calls it not data-parallel): built with
+    use_data_parallel, it defines no vision warm-up, so no tower call and no
+    line on any rank."""
     for r in ranks:
-        hook = r[key]
+        hook = r["glm_image_hook"]
         assert hook["dp"] is True
         assert hook["tower_calls"] == []
         assert hook["lines"] == []

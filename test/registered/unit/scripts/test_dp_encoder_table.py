@@ -169,7 +169,12 @@ def test_known_rows(installed):
     assert cell("InternVLChatModel", "cap unit") == (
         "tiles, per token: `1 / m.num_image_token`"
     )
-    assert cell("InternVLChatModel", "warm-up plan") == "none (no plan)"
+    assert cell("InternVLChatModel", "warm-up plan") == (
+        "`vision_model`: `internvl_warm_up_calls(tower)`"
+    )
+    assert cell("MuseSparkForConditionalGeneration", "warm-up plan") == (
+        "`_WARM_UPS_BY_CLASS['MuseSparkForConditionalGeneration']`"
+    )
 
     for name in (
         "Qwen3VLForConditionalGeneration",
