@@ -201,9 +201,9 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
     from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.multimodal.modality import Modality
+    from sglang.srt.multimodal.mm_utils import call_tower_on_rank_share
     from sglang.srt.multimodal.vision_warmup import (
         _tower_device_dtype,
-        call_tower_on_rank_share,
         warm_up_vision_tower,
     )
     from sglang.srt.multimodal.vit_batching import dp_encoder_of

@@ -5,7 +5,7 @@
 starts with the test-only start-up hook
 ``cpu_support/server/startup_hooks/fault_injection``, which makes rank 1's
 first vision warm-up call raise (the first call of
-``vision_warmup.call_tower_on_rank_share`` there). Checked: the fault was
+``mm_utils.call_tower_on_rank_share`` there). Checked: the fault was
 injected on rank 1 only and rank 1 logged, before ``/health`` answered 200,
 the warm-up's one WARNING; rank 0 warmed; after it the gate still batches
 (its INFO line, logged after the fault's) and every request of the bursts

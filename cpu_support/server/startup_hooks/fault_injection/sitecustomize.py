@@ -3,9 +3,10 @@
 NOT part of the patch series. A test puts this directory on the CPU server's
 ``PYTHONPATH`` and sets ``FORK_FAULT_WARM_UP_RANK=N``; Python imports this
 ``sitecustomize`` in every server process. When
-``sglang.srt.multimodal.vision_warmup`` is imported, its
-``call_tower_on_rank_share`` (each warm-up tower call) is wrapped: in the
-process whose TP rank is N, the first call raises ``RuntimeError`` (what a
+``sglang.srt.multimodal.mm_utils`` is imported, its
+``call_tower_on_rank_share`` (the per-rank tower call the warm-up makes before
+the server serves) is wrapped: in the process whose TP rank is N, the first
+call, the warm-up's, raises ``RuntimeError`` (what a
 device fault in the warm-up does); every later call, and every call on the
 other ranks, runs the real function. Each injected failure is written to
 stderr, so the server log shows it.
@@ -30,7 +31,7 @@ from cpu_support.server.startup_hooks.post_import import (  # noqa: E402
 )
 
 ENV = "FORK_FAULT_WARM_UP_RANK"
-_MODULE = "sglang.srt.multimodal.vision_warmup"
+_MODULE = "sglang.srt.multimodal.mm_utils"
 _TARGET = "call_tower_on_rank_share"
 MESSAGE = "device fault in the warm-up (injected by the fork's fault test)"
 

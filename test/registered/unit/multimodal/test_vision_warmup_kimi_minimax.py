@@ -132,7 +132,7 @@ def _hook_calls(model, platform, dp_encoder, encoder_only=False):
 def _sweep(name, tower):
     """Each sweep call as the DP runner hands a rank its share, under the
     event loop's grad mode. Returns the frames compiled by each call."""
-    from sglang.srt.multimodal.vision_warmup import call_tower_on_rank_share
+    from sglang.srt.multimodal.mm_utils import call_tower_on_rank_share
     from sglang.srt.utils.common import DynamicGradMode
 
     rope_type, pass_list = ROPE[name]
