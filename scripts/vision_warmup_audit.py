@@ -200,8 +200,8 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
     from cpu_support.ranks.mm_harness import shipped_warm_up
     from cpu_support.tiny_models import tiny_qwen3_vl as T
 
-    from sglang.srt.multimodal.modality import Modality
     from sglang.srt.multimodal.mm_utils import call_tower_on_rank_share
+    from sglang.srt.multimodal.modality import Modality
     from sglang.srt.multimodal.vision_warmup import (
         _tower_device_dtype,
         warm_up_vision_tower,

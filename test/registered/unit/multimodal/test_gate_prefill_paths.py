@@ -249,6 +249,22 @@ def test_batched_and_per_request_give_the_same_embeddings(model, tower_calls):
 BOTH_PATHS = pytest.mark.parametrize(
     "gate", [BATCHED, PER_REQUEST], ids=["batched", "per-request"]
 )
+# Where a test reads no series output, its batched case (CUDA, which logs no
+# gate decision) is an upstream behaviour the series keeps: it passes on
+# pristine too.
+BOTH_PATHS_KEPT = pytest.mark.parametrize(
+    "gate",
+    [
+        pytest.param(
+            BATCHED,
+            id="batched",
+            marks=pytest.mark.control(
+                reason="CUDA's batched path: an upstream behaviour the series keeps"
+            ),
+        ),
+        pytest.param(PER_REQUEST, id="per-request"),
+    ],
+)
 
 
 @BOTH_PATHS
@@ -273,7 +289,7 @@ def test_cache_hits_skip_the_encoder(model, tower_calls, gate):
     assert torch.equal(first, second)
 
 
-@BOTH_PATHS
+@BOTH_PATHS_KEPT
 def test_cached_entry_with_wrong_token_count_is_reencoded(model, tower_calls, gate):
     from sglang.srt.managers import mm_schedule
     from sglang.srt.mem_cache.multimodal_cache import EmbeddingResult
@@ -321,7 +337,7 @@ def test_multi_span_items_take_the_full_path(model, tower_calls, gate):
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
 
 
-@BOTH_PATHS
+@BOTH_PATHS_KEPT
 def test_colliding_hashes_with_different_lengths_are_not_deduplicated(
     model, tower_calls, gate
 ):
@@ -341,7 +357,7 @@ def _images_in_window(request):
     return sum(1 for it in request.items for s, e in it.offsets if s < hi and e >= lo)
 
 
-@BOTH_PATHS
+@BOTH_PATHS_KEPT
 @pytest.mark.parametrize("cut", [(0, 9), (9, 10), (14, 40)])
 def test_chunk_windows_that_cut_an_image_return_the_right_rows(
     model, tower_calls, gate, cut
