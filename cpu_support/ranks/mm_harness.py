@@ -154,9 +154,10 @@ class WarmUpLog(LogRecords):
         return message if message.startswith("vision warm-up") else None
 
 
-def capture_log(name: str) -> LogRecords:
-    """A ``LogRecords`` on logger ``name``, set to INFO, for the rest of the process."""
-    handler = LogRecords()
+def capture_log(name: str, records: type = LogRecords) -> LogRecords:
+    """A ``records`` handler (``LogRecords`` by default) on logger ``name``,
+    set to INFO, for the rest of the process."""
+    handler = records()
     log = logging.getLogger(name)
     log.addHandler(handler)
     log.setLevel(logging.INFO)
@@ -179,11 +180,7 @@ class GateLines(LogRecords):
 def capture_gate_log() -> GateLines:
     """The gate's INFO lines (``cross-request ViT batching: ...``) for the rest
     of the process."""
-    handler = GateLines()
-    log = logging.getLogger(GATE_LOGGER)
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    return handler
+    return capture_log(GATE_LOGGER, GateLines)
 
 
 def fresh_gate_log() -> None:
