@@ -61,6 +61,7 @@ EXTERNAL_FLAGS = {
 
 # Names of other projects that the docs discuss (the project named).
 EXTERNAL_NAMES = {
+    "test/registered/chunked_prefill/test_mm_chunked_embedding_unit.py": "SGLang's repository test",
     "super": "Python built-in",
     "lru_cache": "functools",
     "malloc_trim": "glibc",
