@@ -40,9 +40,9 @@ def test_plain_recompiles_log_one_event_without_rank_prefix():
 def test_server_log_events_per_rank_and_dedup():
     lines = _lines("server_tp2_series_rocm_sim.log")
     events = B.parse_compile_events(lines)
-    # rank0: apply_rotary_pos_emb_native [0/0] (l.162), get_masked_input_and_mask
-    # [1/0] (l.253) and its recompile [1/1] (l.304 + start tracing l.307: one event);
-    # rank1 the same (l.98, 256, 309/312).
+    # rank0: apply_rotary_pos_emb_native [0/0] (l.3), get_masked_input_and_mask
+    # [1/0] (l.5) and its recompile [1/1] (l.9 + start tracing l.12: one event);
+    # rank1 the same (l.1, 6, 13/16).
     assert B.compiles_per_rank(events) == {"rank0": 3, "rank1": 3}
     fns = sorted({e.function for e in events})
     assert fns == ["apply_rotary_pos_emb_native", "get_masked_input_and_mask"]
@@ -55,7 +55,7 @@ def test_parser_finds_no_compile_after_ready_in_the_frozen_series_log():
     today's series, which the CPU server tests check on a live server."""
     lines = _lines("server_tp2_series_rocm_sim.log")
     ready = B.ready_line_index(lines)
-    assert ready == 357  # 0-based; "fired up and ready to roll" is line 358
+    assert ready == 18  # 0-based; "fired up and ready to roll" is line 19
     after = lines[ready + 1 :]
     assert (
         B.parse_compile_events(after) == []
@@ -80,9 +80,9 @@ def test_log_cursor_reads_only_complete_new_lines(tmp_path):
 def test_pristine_server_log_compile_after_ready_on_rank0():
     lines = _lines("server_tp2_pristine_rocm_sim.log")
     ready = B.ready_line_index(lines)
-    assert ready == 340  # line 341
+    assert ready == 16  # line 17
     after = B.parse_compile_events(lines[ready + 1 :], ready + 1)
-    # l.357 "Recompiling function apply_rotary_pos_emb_native" + l.360 start tracing [0/1].
+    # l.21 "Recompiling function apply_rotary_pos_emb_native" + l.24 start tracing [0/1].
     assert [(e.rank, e.function, e.compile_id, e.line_no + 1) for e in after] == [
-        ("rank0", "apply_rotary_pos_emb_native", "0/1", 357)
+        ("rank0", "apply_rotary_pos_emb_native", "0/1", 21)
     ]
