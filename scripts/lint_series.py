@@ -198,7 +198,8 @@ def _run(cmd: Sequence[str], cwd: str, ok=(0, 1)) -> subprocess.CompletedProcess
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if proc.returncode not in ok:
         err = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        sys.exit(f"lint_series: {shlex.join(cmd[:4])} failed: {err[-1] if err else ''}")
+        why = err[-1][:200] if err else f"exit status {proc.returncode}"
+        sys.exit(f"lint_series: {shlex.join(cmd[:4])} failed: {why}")
     return proc
 
 
@@ -385,7 +386,7 @@ def lint_repo(
         open(os.path.join(empty, "pyproject.toml"), "w").close()
         black = [sys.executable, "-m", "black", "--config", f"{empty}/pyproject.toml"]
         isort = [sys.executable, "-m", "isort", "--settings-path", empty]
-        isort += ["--profile", "black", "--known-first-party", "sglang"]
+        isort += ["--src", empty, "--profile", "black", "-p", "sglang"]
         if fix:
             _run(isort + ["-q", *files], root, ok=(0,))
             _run(black + ["-q", *files], root, ok=(0,))

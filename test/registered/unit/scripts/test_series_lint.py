@@ -195,3 +195,27 @@ def test_other_linter_versions_are_refused(tmp_path):
     L.check_versions(str(REPO / "requirements" / "lint.txt"))  # the pins: accepted
     with pytest.raises(SystemExit, match=r"black 24\.10\.0 \(pinned 23\.1\.0\)"):
         L.check_versions(str(wrong))
+
+
+def test_repo_mode_judges_whole_files_and_fix_leaves_ruff(tmp_path, capsys):
+    files = {
+        "good.py": "import os\n\nprint(os.sep)\n",
+        "black_bad.py": "x = { 'a':1 }\n",
+        "isort_bad.py": "import sys\nimport os\n\nprint(os, sys)\n",
+        "ruff_bad.py": "import zlib\n",
+        "pkg/__init__.py": "import zlib\n",  # SGLang's ruff hook skips these
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert L.lint_repo(sorted(files), root=str(tmp_path)) == 1
+    out = capsys.readouterr().out
+    assert "would reformat" in out and "black_bad.py" in out
+    assert "isort_bad.py Imports are incorrectly sorted" in out
+    assert "ruff_bad.py:1:8: F401" in out and "__init__.py:" not in out
+    assert "FAILED: 3 of 5 file(s)" in out
+    assert L.lint_repo(sorted(files), root=str(tmp_path), fix=True) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: 1 of 5 file(s)" in out and "ruff_bad.py:1:8: F401" in out
+    assert (tmp_path / "black_bad.py").read_text() == 'x = {"a": 1}\n'
+    assert (tmp_path / "isort_bad.py").read_text().startswith("import os\nimport sys\n")
