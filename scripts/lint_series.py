@@ -245,35 +245,17 @@ def lint_changes(
     return found
 
 
-def _ranges(numbers: Sequence[int]) -> str:
-    out: List[List[int]] = []
-    for n in sorted(set(numbers)):
-        if out and n == out[-1][-1] + 1:
-            out[-1].append(n)
-        else:
-            out.append([n])
-    return ",".join(f"L{r[0]}" + (f"-{r[-1]}" if len(r) > 1 else "") for r in out)
-
-
 def render(
     rel: str, kind: str, findings: List[Finding], lines: Sequence[str], verbose: bool
 ) -> List[str]:
     if not findings:
         return [f"ok    {rel} ({kind}): black, isort, ruff report nothing on it"]
-    parts = []
-    for tool in ("black", "isort", "ruff"):
-        hits = [f for f in findings if f.tool == tool]
-        codes = "/".join(sorted({f.detail.split()[0] for f in hits if f.detail}))
-        if hits:
-            parts.append(
-                f"{tool}{' ' + codes if codes else ''} {_ranges([f.line for f in hits])}"
-            )
-    out = [f"FAIL  {rel} ({kind}): {'; '.join(parts)}"]
+    what = [f"{f.tool} L{f.line} {f.detail[:4]}".rstrip() for f in findings]
+    out = [f"FAIL  {rel} ({kind}): {'; '.join(what)}"]
     for f in findings if verbose else []:
         text = lines[f.line - 1] if 0 < f.line <= len(lines) else ""
-        out.append(
-            f"      {f.tool:5} L{f.line}: {text}{f'  [{f.detail}]' if f.detail else ''}"
-        )
+        note = f"  [{f.detail}]" if f.detail else ""
+        out.append(f"      {f.tool:5} L{f.line}: {text}{note}")
     return out
 
 
