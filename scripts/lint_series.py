@@ -11,9 +11,10 @@ the patches carry are judged too.
 
 The files go into a throwaway git repository: the pristine ones committed,
 the patched ones over them in the working tree. There it runs SGLang's
-pre-commit linters at its pins (``requirements/lint.txt``; the script refuses
-other versions), on what the series changes only, because some pristine
-files already fail them (``layers/attention/vision.py`` fails black 24.10):
+pre-commit linters at its pins, through darker and graylint (all five at the
+versions ``requirements/lint.txt`` pins; the script refuses others), on what
+the series changes only, because some pristine files already fail them
+(``layers/attention/vision.py`` fails black 24.10):
 
 * ``darker --check --diff --revision HEAD``: black 24.10.0 with its defaults
   (line length 88) on the regions the series changed;
@@ -21,8 +22,9 @@ files already fail them (``layers/attention/vision.py`` fails black 24.10):
   on the same line, of ruff 0.11.7 ``--select=F401,F821`` (``__init__.py``
   skipped) and of isort 5.13.2 with SGLang's ``.isort.cfg`` (``profile=black``,
   ``known_first_party=sglang``), one finding per line it would change
-  (``--isort-lines``). Not darker's isort: once an edit falls inside a file's
-  import range it re-sorts the whole file, SGLang's own imports included.
+  (``--isort-lines``). Not darker's isort: once the span of a file's edits
+  overlaps the span of isort's changes, it re-sorts the whole file, SGLang's
+  own imports included.
 
 A file the series creates is judged entirely. ``-v`` adds one line per
 finding (tool, line number, text).
