@@ -5,50 +5,48 @@
     .venv/bin/python scripts/lint_series.py --repo [--fix] [-v]   # make lint
 
 prints one verdict line per Python file the series touches and exits 1 when
-any fails. Without ``--tree``/``--pristine`` it builds (or reuses) the two
-trees of ``cpu_support/server/sglang_trees.py``: the 0.5.23 wheel unpacked,
-and a copy with the series applied.
+any fails. Without ``--tree``/``--pristine`` the trees are the 0.5.23 wheel's
+files and a copy with ``series.py apply`` (``build_trees``); the test files
+the patches carry are judged too.
 
-What SGLang's ``.pre-commit-config.yaml`` runs on ``python/sglang/``, at its
-pins (``requirements/lint.txt``; the script refuses other versions):
+The files go into a throwaway git repository: the pristine ones committed,
+the patched ones over them in the working tree. There it runs SGLang's
+pre-commit linters at its pins, through darker and graylint (all five at the
+versions ``requirements/lint.txt`` pins; the script refuses others), on what
+the series changes only, because some pristine files already fail them
+(``layers/attention/vision.py`` fails black 24.10):
 
-* black 24.10.0 with its defaults (line length 88);
-* isort 5.13.2 with SGLang's ``.isort.cfg``: ``profile=black``,
-  ``known_first_party=sglang``;
-* ruff 0.11.7 with ``--select=F401,F821`` (unused imports, undefined names),
-  ``__init__.py`` excluded.
+* ``darker --check --diff --revision HEAD``: black 24.10.0 with its defaults
+  (line length 88) on the regions the series changed;
+* ``graylint --revision HEAD``: the findings the pristine file does not have
+  on the same line, of ruff 0.11.7 ``--select=F401,F821`` (``__init__.py``
+  skipped) and of isort 5.13.2 with SGLang's ``.isort.cfg`` (``profile=black``,
+  ``known_first_party=sglang``), one finding per line it would change
+  (``--isort-lines``). Not darker's isort: once the span of a file's edits
+  overlaps the span of isort's changes, it re-sorts the whole file, SGLang's
+  own imports included.
 
-Only what the series itself writes is judged, because some pristine 0.5.23
-files already fail black 24.10 (``layers/attention/vision.py`` among them):
+A file the series creates is judged entirely. ``-v`` adds one line per
+finding (tool, line number, text).
 
-* a file the series creates must pass all three entirely;
-* in a file it modifies, only its added lines count (a line of the patched
-  file that the pristine file does not have at that place, by a line diff of
-  the two): black and isort must leave every added line as it is (a line
-  they would rewrite or delete, or a line they would insert right before or
-  after, is a failure), and ruff may report nothing on an added line.
-
-``-v`` adds one line per offending line (tool, line number, text).
-
-``--repo`` lints this repository's own Python instead (every tracked ``.py``
-file: the tools, ``cpu_support``, the demo, the benchmarks, the tests), each
-file entirely, with the same three tools and settings. ``--fix`` first
-rewrites those files with isort and black (ruff's findings stay to fix by
-hand).
+``--repo`` lints this repository's own tracked Python files instead, each
+entirely, with the black, isort and ruff CLIs and the same settings. ``--fix``
+first rewrites them with isort and black (ruff's findings stay to fix by hand).
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATCHES = os.path.join(ROOT, "patches")
@@ -57,12 +55,16 @@ LINT_REQUIREMENTS = os.path.join(ROOT, "requirements", "lint.txt")
 # SGLang's settings (.isort.cfg and the ruff hook's arguments).
 ISORT_SETTINGS = {"profile": "black", "known_first_party": ["sglang"]}
 RUFF_SELECT = "F401,F821"
+RUFF_CHECK = ["check", "--isolated", "--no-cache", f"--select={RUFF_SELECT}"]
+GUARDED = ("black", "isort", "ruff", "darker", "graylint")
 
 
 def _reexec_in_venv() -> None:
-    """Run under the project's .venv when black is not importable here."""
+    """Run under the project's .venv when the linters are not importable here."""
     try:
         import black  # noqa: F401
+        import darker  # noqa: F401
+        import graylint  # noqa: F401
         import isort  # noqa: F401
     except ImportError:
         venv_python = os.path.join(ROOT, ".venv", "bin", "python")
@@ -74,8 +76,8 @@ def _reexec_in_venv() -> None:
                 venv_python, [venv_python, os.path.abspath(__file__)] + sys.argv[1:]
             )
         sys.exit(
-            "lint_series: black/isort are not installed; run `make setup` "
-            "(it installs requirements/lint.txt into .venv)"
+            "lint_series: black/isort/darker/graylint are not installed; run "
+            "`make setup` (it installs requirements/lint.txt into .venv)"
         )
 
 
@@ -94,25 +96,22 @@ def ruff_binary() -> str:
     return here if os.path.exists(here) else "ruff"
 
 
-def check_versions() -> None:
-    import black
-    import isort
+def check_versions(path: str = LINT_REQUIREMENTS) -> None:
+    from importlib.metadata import version
 
-    pins = pinned_versions()
-    ruff_out = subprocess.run(
+    pins = pinned_versions(path)
+    found = {name: version(name) for name in GUARDED if name != "ruff"}
+    found["ruff"] = subprocess.run(
         [ruff_binary(), "--version"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    found = {
-        "black": black.__version__,
-        "isort": isort.__version__,
-        "ruff": ruff_out[-1],
-    }
+    ).stdout.split()[-1]
     wrong = [
-        f"{k} {v} (pinned {pins.get(k)})" for k, v in found.items() if pins.get(k) != v
+        f"{k} {found[k]} (pinned {pins.get(k)})"
+        for k in GUARDED
+        if pins.get(k) != found[k]
     ]
     if wrong:
         sys.exit(
-            f"lint_series: not SGLang's linter versions: {', '.join(wrong)}; "
+            f"lint_series: not the pinned linter versions: {', '.join(wrong)}; "
             f"install requirements/lint.txt"
         )
 
@@ -141,71 +140,53 @@ def series_files(
     return seen
 
 
-def added_lines(pristine: Optional[Sequence[str]], patched: Sequence[str]) -> Set[int]:
-    """1-based numbers of the patched file's lines that the series added."""
-    if pristine is None:
-        return set(range(1, len(patched) + 1))
-    sm = difflib.SequenceMatcher(None, list(pristine), list(patched), autojunk=False)
-    added: Set[int] = set()
-    for tag, _i1, _i2, j1, j2 in sm.get_opcodes():
-        if tag in ("replace", "insert"):
-            added.update(range(j1 + 1, j2 + 1))
-    return added
-
-
-def touched_lines(original: Sequence[str], formatted: Sequence[str]) -> Set[int]:
-    """1-based lines of ``original`` that a formatter changes: rewritten or
-    deleted lines, and both neighbours of an insertion."""
-    sm = difflib.SequenceMatcher(None, list(original), list(formatted), autojunk=False)
-    touched: Set[int] = set()
-    for tag, i1, i2, _j1, _j2 in sm.get_opcodes():
-        if tag in ("replace", "delete"):
-            touched.update(range(i1 + 1, i2 + 1))
-        elif tag == "insert":
-            touched.update(n for n in (i1, i1 + 1) if 1 <= n <= len(original))
-    return touched
-
-
-def black_format(source: str) -> str:
-    import black
-
-    return black.format_str(source, mode=black.Mode())
-
-
-def isort_format(source: str) -> str:
+def isort_lines(paths: Sequence[str]) -> int:
+    """isort as a line linter for graylint: ``PATH:N: isort would change this
+    line`` for each line isort rewrites or deletes, or inserts a line after."""
     import isort
 
     with tempfile.TemporaryDirectory() as empty:
         # src_paths: an empty directory, so nothing but `sglang` is first party
         # whatever the current directory holds.
         config = isort.Config(src_paths=(empty,), **ISORT_SETTINGS)
-        return isort.code(source, config=config)
+        for path in paths:
+            if not os.path.isfile(path):  # graylint's baseline lacks new files
+                continue
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines(keepends=True)
+            fixed = isort.code("".join(lines), config=config).splitlines(True)
+            sm = difflib.SequenceMatcher(None, lines, fixed, autojunk=False)
+            for tag, i1, i2, _j1, _j2 in sm.get_opcodes():
+                for n in range(i1 + 1, i2 + 1) if tag != "insert" else [i1]:
+                    if tag != "equal":
+                        print(f"{path}:{max(n, 1)}: isort would change this line")
+    return 0
 
 
-def ruff_diagnostics(source: str, path: str) -> List[Tuple[int, str, str]]:
-    """(line, code, message) for each ruff diagnostic of SGLang's selection."""
-    proc = subprocess.run(
-        [
-            ruff_binary(),
-            "check",
-            "--isolated",
-            "--no-cache",
-            f"--select={RUFF_SELECT}",
-            "--output-format=json",
-            "--stdin-filename",
-            path,
-            "-",
-        ],
-        input=source,
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode not in (0, 1):
-        raise RuntimeError(f"ruff failed on {path}: {proc.stderr.strip()}")
-    return [
-        (d["location"]["row"], d["code"], d["message"])
-        for d in json.loads(proc.stdout or "[]")
-    ]
+def darker_lines(diff: str) -> List[Tuple[str, int]]:
+    """(path, line) of each line of the checked files that darker's diff
+    rewrites or deletes, or inserts a line after."""
+    hits: List[Tuple[str, int]] = []
+    path, old, old_left, new_left, prev = "", 0, 0, 0, " "
+    for line in diff.splitlines():
+        if old_left or new_left:
+            tag = line[:1]
+            if tag == "-":
+                hits.append((path, old))
+            elif tag == "+" and prev == " ":
+                hits.append((path, max(old - 1, 1)))
+            old += tag != "+"
+            old_left -= tag != "+"
+            new_left -= tag != "-"
+            prev = tag
+        elif line.startswith("--- "):
+            path = line[4:].split("\t")[0]
+        else:
+            m = re.match(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,(\d+))? @@", line)
+            if m:
+                old, prev = int(m.group(1)), " "
+                old_left, new_left = int(m.group(2) or 1), int(m.group(3) or 1)
+    return sorted(set(hits))
 
 
 @dataclass
@@ -215,154 +196,95 @@ class Finding:
     detail: str = ""
 
 
-@dataclass
-class FileVerdict:
-    path: str
-    new: bool
-    added: int
-    findings: List[Finding] = field(default_factory=list)
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.findings and not self.error
+def _run(cmd: Sequence[str], cwd: str, ok=(0, 1)) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if proc.returncode not in ok:
+        err = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        why = err[-1][:200] if err else f"exit status {proc.returncode}"
+        sys.exit(f"lint_series: {shlex.join(cmd[:4])} failed: {why}")
+    return proc
 
 
-def _ranges(numbers: Sequence[int]) -> str:
-    out, run = [], []
-    for n in sorted(set(numbers)):
-        if run and n == run[-1] + 1:
-            run.append(n)
+def lint_changes(
+    pairs: Dict[str, Tuple[Optional[str], str]], work: str
+) -> Dict[str, List[Finding]]:
+    """Findings on what changes from each ``pairs[rel][0]`` (pristine file, or
+    None for a new one) to ``pairs[rel][1]``, keyed by ``rel``."""
+    repo = tempfile.mkdtemp(prefix="repo-", dir=work)
+    git = ["git", "-c", "user.name=lint", "-c", "user.email=lint@localhost"]
+    for side in (0, 1):
+        for rel, files in pairs.items():
+            if files[side]:
+                os.makedirs(os.path.dirname(os.path.join(repo, rel)), exist_ok=True)
+                shutil.copyfile(files[side], os.path.join(repo, rel))
+        if side == 0:
+            _run(git + ["init", "-q"], repo, ok=(0,))
+            _run(git + ["add", "-A"], repo, ok=(0,))
+            _run(git + ["commit", "-q", "--allow-empty", "-m", "pristine"], repo, (0,))
+    rels = sorted(pairs)
+    found: Dict[str, List[Finding]] = {rel: [] for rel in rels}
+    darker = [sys.executable, "-m", "darker", "--check", "--diff", "-r", "HEAD"]
+    # darker names a file relative to the deepest directory holding them all
+    top = os.path.commonpath([os.path.dirname(os.path.join(repo, r)) for r in rels])
+    for path, n in darker_lines(_run(darker + rels, repo).stdout):
+        found[os.path.relpath(os.path.join(top, path), repo)].append(
+            Finding("black", n)
+        )
+    ruff = shlex.join([ruff_binary(), *RUFF_CHECK, "--output-format=concise"])
+    isort = shlex.join([sys.executable, os.path.abspath(__file__), "--isort-lines"])
+    gray = [sys.executable, "-m", "graylint", "-r", "HEAD", "-L", ruff, "-L", isort]
+    for line in _run(gray + rels, repo).stdout.splitlines():
+        m = re.match(r"^(.+?):(\d+):(?:\d+:)? (.*) \[(.+)\]$", line)
+        if not m or m.group(1) not in found:
+            continue
+        if m.group(4).endswith("ruff"):
+            if os.path.basename(m.group(1)) != "__init__.py":  # SGLang skips them
+                found[m.group(1)].append(Finding("ruff", int(m.group(2)), m.group(3)))
         else:
-            if run:
-                out.append(f"L{run[0]}" if len(run) == 1 else f"L{run[0]}-{run[-1]}")
-            run = [n]
-    if run:
-        out.append(f"L{run[0]}" if len(run) == 1 else f"L{run[0]}-{run[-1]}")
-    return ",".join(out)
-
-
-def lint_file(rel: str, pristine_root: str, tree_root: str) -> FileVerdict:
-    with open(os.path.join(tree_root, rel), encoding="utf-8") as f:
-        source = f.read()
-    lines = source.splitlines()
-    pristine_path = os.path.join(pristine_root, rel)
-    pristine = None
-    if os.path.exists(pristine_path):
-        with open(pristine_path, encoding="utf-8") as f:
-            pristine = f.read().splitlines()
-    added = added_lines(pristine, lines)
-    verdict = FileVerdict(rel, new=pristine is None, added=len(added))
-    if not added:
-        return verdict
-    for tool, fmt in (("black", black_format), ("isort", isort_format)):
-        try:
-            formatted = fmt(source)
-        except Exception as e:  # black.InvalidInput: the file does not parse
-            verdict.error = f"{tool} cannot format it: {e}"
-            return verdict
-        for n in sorted(touched_lines(lines, formatted.splitlines()) & added):
-            verdict.findings.append(Finding(tool, n))
-    if os.path.basename(rel) != "__init__.py":  # SGLang's ruff hook skips them
-        for n, code, message in ruff_diagnostics(source, rel):
-            if n in added:
-                verdict.findings.append(Finding("ruff", n, f"{code} {message}"))
-    return verdict
+            found[m.group(1)].append(Finding("isort", int(m.group(2))))
+    for hits in found.values():
+        hits.sort(key=lambda f: (f.line, f.tool))
+    return found
 
 
 def render(
-    verdict: FileVerdict, lines: Sequence[str], verbose: bool, kind: str = ""
+    rel: str, kind: str, findings: List[Finding], lines: Sequence[str], verbose: bool
 ) -> List[str]:
-    kind = kind or (
-        "new file" if verdict.new else f"modified, {verdict.added} added lines"
-    )
-    if verdict.error:
-        return [f"FAIL  {verdict.path} ({kind}): {verdict.error}"]
-    if verdict.ok:
-        what = (
-            "black, isort, ruff clean"
-            if verdict.new
-            else "added lines pass black, isort, ruff"
-        )
-        return [f"ok    {verdict.path} ({kind}): {what}"]
-    parts = []
-    for tool in ("black", "isort", "ruff"):
-        hits = [f for f in verdict.findings if f.tool == tool]
-        if hits:
-            codes = sorted({f.detail.split()[0] for f in hits if f.detail})
-            parts.append(
-                f"{tool}{' ' + '/'.join(codes) if codes else ''} {_ranges([f.line for f in hits])}"
-            )
-    out = [f"FAIL  {verdict.path} ({kind}): {'; '.join(parts)}"]
-    if verbose:
-        for f in verdict.findings:
-            text = lines[f.line - 1] if 0 < f.line <= len(lines) else ""
-            note = f"  [{f.detail}]" if f.detail else ""
-            out.append(f"      {f.tool:5} L{f.line}: {text}{note}")
+    if not findings:
+        return [f"ok    {rel} ({kind}): black, isort, ruff report nothing on it"]
+    what = [f"{f.tool} L{f.line} {f.detail[:4]}".rstrip() for f in findings]
+    out = [f"FAIL  {rel} ({kind}): {'; '.join(what)}"]
+    for f in findings if verbose else []:
+        text = lines[f.line - 1] if 0 < f.line <= len(lines) else ""
+        note = f"  [{f.detail}]" if f.detail else ""
+        out.append(f"      {f.tool:5} L{f.line}: {text}{note}")
     return out
 
 
-def lint_series(
-    pristine_root: str, tree_root: str, files: Sequence[str]
-) -> List[FileVerdict]:
-    return [lint_file(rel, pristine_root, tree_root) for rel in files]
+def versions_note() -> str:
+    pins = pinned_versions()
+    return (
+        f"black {pins.get('black')}, isort {pins.get('isort')} profile black, "
+        f"ruff {pins.get('ruff')} {RUFF_SELECT}"
+    )
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+def report(
+    pairs: Dict[str, Tuple[Optional[str], str]], work: str, verbose: bool, missing=0
+) -> int:
+    findings = lint_changes(pairs, work)
+    failed = missing
+    for rel, (pristine, patched) in pairs.items():
+        with open(patched, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        kind = "modified" if pristine else "new file"
+        print("\n".join(render(rel, kind, findings[rel], lines, verbose)))
+        failed += bool(findings[rel])
+    print(
+        f"{'FAILED' if failed else 'ok'}: {failed} of {len(pairs) + missing} file(s) "
+        f"fail SGLang's lint on the series' changes ({versions_note()})"
     )
-    p.add_argument(
-        "--tree",
-        help="directory holding the patched sglang package (default: the series tree)",
-    )
-    p.add_argument(
-        "--pristine",
-        help="directory holding the pristine sglang package (default: the 0.5.23 wheel's)",
-    )
-    p.add_argument(
-        "--patches",
-        default=PATCHES,
-        help="patches directory whose series names the files",
-    )
-    p.add_argument(
-        "-v", "--verbose", action="store_true", help="one line per offending line"
-    )
-    p.add_argument(
-        "--repo",
-        action="store_true",
-        help="lint this repository's own Python files, each entirely",
-    )
-    p.add_argument(
-        "--fix",
-        action="store_true",
-        help="with --repo: rewrite the files with isort and black first",
-    )
-    args = p.parse_args(argv)
-    if args.fix and not args.repo:
-        p.error("--fix goes with --repo (the series is fixed in its patches)")
-    _reexec_in_venv()
-    check_versions()
-    if args.repo:
-        return lint_repo(repo_files(), fix=args.fix, verbose=args.verbose)
-    if bool(args.tree) != bool(args.pristine):
-        p.error("give both --tree and --pristine, or neither")
-    with tempfile.TemporaryDirectory(prefix="lint-series-") as work:
-        if args.tree:
-            tree, pristine = args.tree, args.pristine
-        else:
-            pristine, tree = build_trees(work, args.patches)
-        failed = report(pristine, tree, series_files(args.patches), args.verbose)
-        if not args.tree:
-            # The tests the patches carry, each a new file, judged entirely.
-            tests = series_files(args.patches, tests=True)
-            failed |= lint_repo(
-                tests,
-                root=os.path.dirname(tree),
-                verbose=args.verbose,
-                what="the patches carry as tests",
-            )
-        return failed
+    return 1 if failed else 0
 
 
 def build_trees(
@@ -374,7 +296,6 @@ def build_trees(
     patched copy gets ``series.py apply``. Private to the caller's directory,
     so a concurrent rebuild of the shared ``.cache/trees`` cannot race it.
     """
-    import shutil
     import zipfile
 
     sys.path.insert(0, ROOT)
@@ -390,16 +311,9 @@ def build_trees(
                 z.extract(name, pristine)
     shutil.copytree(pristine, tree)
     os.makedirs(os.path.join(repo, "test"))
+    series = [sys.executable, os.path.join(ROOT, "scripts", "series.py")]
     proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "scripts", "series.py"),
-            "--series-dir",
-            patches_dir,
-            "apply",
-            "--target",
-            repo,
-        ],
+        series + ["--series-dir", patches_dir, "apply", "--target", repo],
         capture_output=True,
         text=True,
     )
@@ -408,6 +322,25 @@ def build_trees(
             f"lint_series: series.py apply failed: {(proc.stdout + proc.stderr).strip()}"
         )
     return pristine, tree
+
+
+def series_pairs(
+    pristine: str, tree: str, patches_dir: str, tests: bool
+) -> Tuple[Dict[str, Tuple[Optional[str], str]], List[str]]:
+    """``lint_changes``' pairs for the series' Python files (and, with
+    ``tests``, the test files the patches carry, new files in the repository
+    root above ``tree``), and the files missing from ``tree``."""
+    pairs: Dict[str, Tuple[Optional[str], str]] = {}
+    missing = []
+    for rel in series_files(patches_dir):
+        old, new = os.path.join(pristine, rel), os.path.join(tree, rel)
+        if not os.path.isfile(new):
+            missing.append(rel)
+            continue
+        pairs[rel] = (old if os.path.isfile(old) else None, new)
+    for rel in series_files(patches_dir, tests=True) if tests else []:
+        pairs[rel] = (None, os.path.join(os.path.dirname(tree), rel))
+    return pairs, missing
 
 
 def repo_files(root: str = ROOT) -> List[str]:
@@ -427,56 +360,99 @@ def repo_files(root: str = ROOT) -> List[str]:
 
 
 def lint_repo(
-    files: Sequence[str],
-    root: str = ROOT,
-    fix: bool = False,
-    verbose: bool = False,
-    what: str = "of the repository",
+    files: Sequence[str], root: str = ROOT, fix: bool = False, verbose: bool = False
 ) -> int:
-    """Each file judged entirely, as a file the series creates is."""
-    failed = 0
-    with tempfile.TemporaryDirectory(prefix="lint-repo-") as nothing:
-        for rel in files:
-            path = os.path.join(root, rel)
-            if fix:
-                with open(path, encoding="utf-8") as f:
-                    source = f.read()
-                fixed = black_format(isort_format(source))
-                if fixed != source:
-                    with open(path, "w", encoding="utf-8") as f:
-                        f.write(fixed)
-            verdict = lint_file(rel, nothing, root)
-            with open(path, encoding="utf-8") as f:
-                lines = f.read().splitlines()
-            if verbose or not verdict.ok:
-                for line in render(verdict, lines, verbose, kind="whole file"):
-                    print(line)
-            failed += not verdict.ok
+    """Each file judged entirely by the linters' own CLIs; prints their
+    findings and one summary line."""
+    with tempfile.TemporaryDirectory(prefix="lint-repo-") as empty:
+        # No configuration but SGLang's: an empty black config, and isort's
+        # settings path empty, so nothing but `sglang` is first party.
+        open(os.path.join(empty, "pyproject.toml"), "w").close()
+        black = [sys.executable, "-m", "black", "--config", f"{empty}/pyproject.toml"]
+        isort = [sys.executable, "-m", "isort", "--settings-path", empty]
+        isort += ["--src", empty, "--profile", "black", "-p", "sglang"]
+        if fix:
+            _run(isort + ["-q", *files], root, ok=(0,))
+            _run(black + ["-q", *files], root, ok=(0,))
+        diff = ["--diff"] if verbose else []
+        bad = set()
+        out = _run(black + ["--check", *diff, *files], root)
+        print(out.stdout, end="")
+        for line in out.stderr.splitlines():
+            if line.startswith("would reformat "):
+                print(line)
+                bad.add(os.path.relpath(line.split(" ", 2)[2], root))
+        out = _run(isort + ["--check-only", *diff, *files], root)
+        print(out.stdout, end="")
+        for line in out.stderr.splitlines():
+            m = re.match(r"^ERROR: (\S+) Imports are incorrectly sorted", line)
+            if m:
+                print(line)
+                bad.add(os.path.relpath(m.group(1), root))
+        ruff = [ruff_binary(), *RUFF_CHECK, "--output-format=concise"]
+        checked = [f for f in files if os.path.basename(f) != "__init__.py"]
+        for line in _run(ruff + checked, root).stdout.splitlines():
+            m = re.match(r"^(.+?):\d+:\d+: ", line)
+            if m:
+                print(line)
+                bad.add(os.path.relpath(m.group(1), root))
     print(
-        f"{'FAILED' if failed else 'ok'}: {failed} of {len(files)} file(s) {what} fail SGLang's lint "
-        f"(black 24.10.0, isort 5.13.2 profile black, ruff 0.11.7 {RUFF_SELECT})"
+        f"{'FAILED' if bad else 'ok'}: {len(bad)} of {len(files)} file(s) of the "
+        f"repository fail SGLang's lint ({versions_note()})"
     )
-    return 1 if failed else 0
+    return 1 if bad else 0
 
 
-def report(pristine: str, tree: str, files: Sequence[str], verbose: bool) -> int:
-    failed = 0
-    for rel in files:
-        if not os.path.exists(os.path.join(tree, rel)):
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--tree",
+        help="directory holding the patched sglang package (default: the series tree)",
+    )
+    p.add_argument(
+        "--pristine",
+        help="directory holding the pristine sglang package (default: the 0.5.23 wheel's)",
+    )
+    p.add_argument(
+        "--patches",
+        default=PATCHES,
+        help="patches directory whose series names the files",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="one line per finding")
+    p.add_argument(
+        "--repo",
+        action="store_true",
+        help="lint this repository's own Python files, each entirely",
+    )
+    p.add_argument(
+        "--fix",
+        action="store_true",
+        help="with --repo: rewrite the files with isort and black first",
+    )
+    # graylint's isort linter (see isort_lines)
+    p.add_argument("--isort-lines", nargs="*", metavar="FILE", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.isort_lines is not None:
+        return isort_lines(args.isort_lines)
+    if args.fix and not args.repo:
+        p.error("--fix goes with --repo (the series is fixed in its patches)")
+    if bool(args.tree) != bool(args.pristine):
+        p.error("give both --tree and --pristine, or neither")
+    _reexec_in_venv()
+    check_versions()
+    if args.repo:
+        return lint_repo(repo_files(), fix=args.fix, verbose=args.verbose)
+    with tempfile.TemporaryDirectory(prefix="lint-series-") as work:
+        if args.tree:
+            pristine, tree = args.pristine, args.tree
+        else:
+            pristine, tree = build_trees(work, args.patches)
+        pairs, missing = series_pairs(pristine, tree, args.patches, not args.tree)
+        for rel in missing:
             print(f"FAIL  {rel}: not in {tree}")
-            failed += 1
-            continue
-        verdict = lint_file(rel, pristine, tree)
-        with open(os.path.join(tree, rel), encoding="utf-8") as f:
-            lines = f.read().splitlines()
-        for line in render(verdict, lines, verbose):
-            print(line)
-        failed += not verdict.ok
-    print(
-        f"{'FAILED' if failed else 'ok'}: {failed} file(s) fail SGLang's lint "
-        f"(black 24.10.0, isort 5.13.2 profile black, ruff 0.11.7 {RUFF_SELECT})"
-    )
-    return 1 if failed else 0
+        return report(pairs, work, args.verbose, missing=len(missing))
 
 
 if __name__ == "__main__":
