@@ -27,16 +27,19 @@ Targets (``--target DIR``; the tool tells which one it was given)
   The stamp and backups live in ``sglang/.fork-series/`` of the package
   (``python/sglang/.fork-series/`` of a repository root).
 
-Subcommands
+Subcommands (check and apply feed the patches, concatenated in ``series``
+order, to ONE ``git apply``: all or nothing; ``-p2 --include='sglang/*'``
+where DIR holds ``sglang/``, so test files stay out)
 
-  check    dry run in a temporary staging copy of the touched files; exit 0
-           when the whole series applies, else exit 1 with one line per
-           failing patch naming the patch, the file and the hunk.
-  apply    atomic and idempotent: the whole series is applied in a staging
-           copy with ``git apply``; only when every patch applied are the
-           results copied into the target, after byte-exact backups of every
-           original were saved in the package's ``.fork-series/`` (with
-           ``stamp.json``). A failure while copying rolls everything back.
+  check    ``git apply --check`` on the target (where a series is applied,
+           on a temporary copy of its upstream files); exit 0 when the whole
+           series applies, else exit 1 with one line per patch git named an
+           error in, in git's words (``patch failed: FILE:LINE``).
+  apply    atomic and idempotent: after that check, byte-exact backups of
+           every touched file and ``stamp.json`` go to the package's
+           ``.fork-series.partial/``, ``git apply`` writes the target, and
+           the directory is renamed ``.fork-series/``. A failure while
+           writing restores the backups and removes what the series added.
            Applying the same series again prints "already applied".
            Refuses a target that is neither layout, an sglang version that
            is not a supported base (``--force`` overrides only this check),
@@ -55,7 +58,7 @@ git-export-patches)
            repository in SGLang's layout: one commit with the pristine
            ``python/sglang/`` and ``test/`` (tag ``upstream-<version>``,
            branch ``upstream``), then one commit per patch (``git am
-           --3way``).
+           --3way --keep-non-patch``: subjects keep tags like [AMD][VLM]).
   (edit)   ordinary git in that repository: ``git commit --fixup=<sha>``,
            ``git rebase -i --autosquash upstream``, new commits for new
            patches (a new file goes into the commit that first uses it).
@@ -69,8 +72,9 @@ git-export-patches)
 
 Errors are one line on stderr, prefixed ``series.py: error:``, with a
 non-zero exit (2; ``check`` uses 1 for "does not apply"). Nothing is left
-half-done: the target is only written after everything was validated and
-staged. Python 3.11, standard library only; git must be on PATH.
+half-done: the target is only written after the series was checked against
+it, and a failure while writing rolls it back. Python 3.11, standard library
+only; git must be on PATH.
 """
 
 from __future__ import annotations
@@ -1002,65 +1006,15 @@ def _ensure_identity(repo: Path) -> None:
         )
 
 
-def _mktree(repo: Path, entries: dict[str, str]) -> str:
-    """A tree object of subtrees (name -> tree sha)."""
-    spec = "".join(
-        f"040000 tree {sha}\t{name}\n" for name, sha in sorted(entries.items())
-    )
-    return _out(_git(["mktree"], cwd=repo, input_bytes=spec.encode())).strip()
+def _has_files(d: Path) -> bool:
+    return d.is_dir() and any(p.is_file() for p in d.rglob("*"))
 
 
-def _subtree(repo: Path, rev: str, path: str) -> str | None:
-    proc = _git(["rev-parse", "--verify", "-q", f"{rev}:{path}"], cwd=repo, check=False)
-    return _out(proc).strip() or None if proc.returncode == 0 else None
-
-
-def _commit_pristine(
-    repo: Path, source: Target, version: str | None, parent: str | None
-) -> str:
-    """Commit the pristine sglang of source (as python/sglang/, with source's
-    test/ tree if it has one) into repo as a commit object; returns its sha.
-
-    A source holding sglang/ has no tests: the parent's test/ tree is kept."""
-    git_dir = str(repo / ".git")
-    if source.layout == LAYOUT_REPO:
-        tests_dir = source.root / TESTS
-        has_tests = tests_dir.is_dir() and any(
-            p.is_file() for p in tests_dir.rglob("*")
-        )
-        spec = [_CODE_PKG, *([TESTS] if has_tests else []), *_NOT_TRACKED]
-    else:
-        spec = [PKG, *[s.replace(f"{_CODE_PKG}/", f"{PKG}/") for s in _NOT_TRACKED]]
-    with tempfile.TemporaryDirectory(prefix="series-index-") as tmp:
-        env = _git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
-        _git(
-            [
-                "--git-dir",
-                git_dir,
-                "--work-tree",
-                str(source.root),
-                "add",
-                "-A",
-                "-f",
-                "--",
-                *spec,
-            ],
-            cwd=source.root,
-            env=env,
-        )
-        tree = _out(
-            _git(["--git-dir", git_dir, "write-tree"], cwd=source.root, env=env)
-        ).strip()
-    if source.layout == LAYOUT_REPO:
-        code, tests = _subtree(repo, tree, _CODE_PKG), _subtree(repo, tree, TESTS)
-    else:
-        code, tests = _subtree(repo, tree, PKG), None
-    if tests is None and parent:
-        tests = _subtree(repo, parent, TESTS)
-    top = {CODE: _mktree(repo, {PKG: code})}
-    if tests:
-        top[TESTS] = tests
-    tree = _mktree(repo, top)
+def _commit_upstream(work: Path, version: str | None) -> str:
+    """Commit the python/sglang/ and test/ of the work tree `work` as they are
+    (the pristine upstream, under a fixed identity and date); its sha."""
+    spec = [p for p in (_CODE_PKG, TESTS) if _has_files(work / p)]
+    _git(["add", "-A", "-f", "--", *spec, *_NOT_TRACKED], cwd=work)
     env = _git_env(
         GIT_AUTHOR_NAME=UPSTREAM_IDENT[0],
         GIT_AUTHOR_EMAIL=UPSTREAM_IDENT[1],
@@ -1074,10 +1028,9 @@ def _commit_pristine(
         f"The unmodified sglang package this series applies to. Written by\n"
         f"scripts/series.py; the patch commits follow on top of it.\n"
     )
-    cmd = ["commit-tree", tree, "-m", msg]
-    if parent:
-        cmd += ["-p", parent]
-    return _out(_git(cmd, cwd=repo, env=env)).strip()
+    commit = ["commit", "-q", "--no-verify", "--no-gpg-sign", "--allow-empty"]
+    _git([*commit, "-m", msg], cwd=work, env=env)
+    return _out(_git(["rev-parse", "HEAD"], cwd=work)).strip()
 
 
 def _require_imported(repo: Path) -> None:
@@ -1175,9 +1128,12 @@ def cmd_import(args) -> int:
     (info / "exclude").write_text(_EXCLUDES, encoding="utf-8")
     _ensure_identity(repo)
 
-    upstream = _commit_pristine(repo, source, version, None)
+    # The pristine tree as a root commit of an unborn branch WORK_BRANCH
+    # (a re-import starts it again).
     _git(["symbolic-ref", "HEAD", f"refs/heads/{WORK_BRANCH}"], cwd=repo)
-    _git(["reset", "-q", upstream], cwd=repo)
+    _git(["update-ref", "-d", f"refs/heads/{WORK_BRANCH}"], cwd=repo, check=False)
+    _git(["read-tree", "--empty"], cwd=repo)
+    upstream = _commit_upstream(repo, version)
     _git(["tag", "-f", f"upstream-{version}", upstream], cwd=repo)
     _git(["branch", "-f", UPSTREAM_BRANCH, upstream], cwd=repo)
 
@@ -1361,7 +1317,23 @@ def cmd_rebase(args) -> int:
     version = sglang_version(newtree.code_root)
     _ensure_identity(repo)
     old = _out(_git(["rev-parse", f"refs/heads/{UPSTREAM_BRANCH}"], cwd=repo)).strip()
-    new = _commit_pristine(repo, newtree, version, old)
+    # The new upstream on top of the old one, in a temporary work tree: its
+    # python/sglang/ replaced by NEWTREE's, its test/ too if NEWTREE has one.
+    with tempfile.TemporaryDirectory(prefix="series-rebase-") as tmp:
+        work = Path(tmp) / "upstream"
+        _git(["worktree", "add", "-q", "--detach", str(work), old], cwd=repo)
+        try:
+            skip = shutil.ignore_patterns("__pycache__", "*.py[co]", STAMP_DIR)
+            new_tests = newtree.root / TESTS
+            pairs = [(newtree.pkg_dir, work / _CODE_PKG)]
+            if newtree.layout == LAYOUT_REPO and _has_files(new_tests):
+                pairs.append((new_tests, work / TESTS))
+            for src, dst in pairs:
+                shutil.rmtree(dst, ignore_errors=True)
+                shutil.copytree(src, dst, symlinks=True, ignore=skip)
+            new = _commit_upstream(work, version)
+        finally:
+            _git(["worktree", "remove", "--force", str(work)], cwd=repo, check=False)
     _git(["tag", "-f", f"upstream-{version}", new], cwd=repo)
     _git(["branch", "-f", UPSTREAM_BRANCH, new], cwd=repo)
     count = len(_out(_git(["rev-list", f"{old}..HEAD"], cwd=repo)).split())
@@ -1460,18 +1432,18 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         cmd_check,
         "dry run: does the series apply? (exit 1 + one line per failing patch if not)",
-        "Apply the series in a temporary staging copy of the files it touches (never in the\n"
-        "target) and report, one line per failing patch, the patch, the file and the hunk.\n"
-        "Later patches are still tried so that every failing patch is reported. Works on\n"
-        "any version (a warning names unsupported ones): use it on a new release.",
+        "One `git apply --check` of the whole series on the target (on a temporary copy of\n"
+        "its upstream files where a series is applied); never writes the target. Reports,\n"
+        "one line per patch git named an error in, git's messages (patch failed: FILE:LINE).\n"
+        "Works on any version (a warning names unsupported ones): use it on a new release.",
     )
     sp = add(
         "apply",
         cmd_apply,
         "apply the series atomically and idempotently",
-        "Stage the touched files in a temporary directory, apply every patch there with\n"
-        "git apply, and only if all applied copy the results (new files included) into the\n"
-        f"target. Byte-exact backups and stamp.json go to <package>/{STAMP_DIR}/.\n"
+        "Check the series (as `check`), save byte-exact backups of the files it touches and\n"
+        "stamp.json, then write the target with one `git apply` of the whole series; a\n"
+        f"failure restores the backups. Backups and stamp live in <package>/{STAMP_DIR}/.\n"
         "A target holding sglang/ gets the code only; a repository root the tests too.\n"
         'Applying the same series again is a no-op ("already applied").',
     )
@@ -1511,8 +1483,8 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR must hold a pristine sglang: sglang/ (moved to python/sglang/) or a repository\n"
         "root. It becomes a git repository (only python/sglang/ and test/ are tracked):\n"
         f"the pristine tree as one commit (tag upstream-<version>, branch\n"
-        f"{UPSTREAM_BRANCH}), then `git am --3way` of every patch in series order. Edit with\n"
-        "ordinary git, then export.\n"
+        f"{UPSTREAM_BRANCH}), then `git am --3way --keep-non-patch` of every patch in series\n"
+        "order (subjects keep tags like [AMD][VLM]). Edit with ordinary git, then export.\n"
         "A patch that does not apply stops with the patch and files named: resolve, git add,\n"
         "`git am --continue`, then export.",
     )
