@@ -34,7 +34,8 @@ where DIR holds ``sglang/``, so test files stay out)
   check    ``git apply --check`` on the target (where a series is applied,
            on a temporary copy of its upstream files); exit 0 when the whole
            series applies, else exit 1 with one line per patch git named an
-           error in, in git's words (``patch failed: FILE:LINE``).
+           error in, in git's words (``patch failed: FILE:LINE``); a patch
+           that builds on a failing one fails too.
   apply    atomic and idempotent: after that check, byte-exact backups of
            every touched file and ``stamp.json`` go to the package's
            ``.fork-series.partial/``, ``git apply`` writes the target, and
@@ -1434,7 +1435,8 @@ def build_parser() -> argparse.ArgumentParser:
         "dry run: does the series apply? (exit 1 + one line per failing patch if not)",
         "One `git apply --check` of the whole series on the target (on a temporary copy of\n"
         "its upstream files where a series is applied); never writes the target. Reports,\n"
-        "one line per patch git named an error in, git's messages (patch failed: FILE:LINE).\n"
+        "one line per patch git named an error in, git's messages (patch failed: FILE:LINE);\n"
+        "a patch that builds on a failing one is reported too.\n"
         "Works on any version (a warning names unsupported ones): use it on a new release.",
     )
     sp = add(

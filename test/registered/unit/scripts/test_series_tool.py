@@ -450,7 +450,7 @@ def test_refuses_a_different_series(pristine, tmp_path):
     assert snapshot(tree) == applied
     st = json.loads(run("status", "--target", tree, "--json", series_dir=other).stdout)
     assert st["applied"] is True and st["current"] is False
-    # check stages the other series on the upstream files: the backups, with
+    # check runs the other series on a copy of the upstream files: the backups, with
     # the modules the applied series created counted as absent.
     r = run("check", "--target", tree, series_dir=other)
     assert r.returncode == 0, r.stdout + r.stderr
