@@ -27,16 +27,20 @@ Targets (``--target DIR``; the tool tells which one it was given)
   The stamp and backups live in ``sglang/.fork-series/`` of the package
   (``python/sglang/.fork-series/`` of a repository root).
 
-Subcommands
+Subcommands (check and apply feed the patches, concatenated in ``series``
+order, to ONE ``git apply``: all or nothing; ``-p2 --include='sglang/*'``
+where DIR holds ``sglang/``, so test files stay out)
 
-  check    dry run in a temporary staging copy of the touched files; exit 0
-           when the whole series applies, else exit 1 with one line per
-           failing patch naming the patch, the file and the hunk.
-  apply    atomic and idempotent: the whole series is applied in a staging
-           copy with ``git apply``; only when every patch applied are the
-           results copied into the target, after byte-exact backups of every
-           original were saved in the package's ``.fork-series/`` (with
-           ``stamp.json``). A failure while copying rolls everything back.
+  check    ``git apply --check`` on the target (where a series is applied,
+           on a temporary copy of its upstream files); exit 0 when the whole
+           series applies, else exit 1 with one line per patch git named an
+           error in, in git's words (``patch failed: FILE:LINE``); a patch
+           that builds on a failing one fails too.
+  apply    atomic and idempotent: after that check, byte-exact backups of
+           every touched file and ``stamp.json`` go to the package's
+           ``.fork-series.partial/``, ``git apply`` writes the target, and
+           the directory is renamed ``.fork-series/``. A failure while
+           writing restores the backups and removes what the series added.
            Applying the same series again prints "already applied".
            Refuses a target that is neither layout, an sglang version that
            is not a supported base (``--force`` overrides only this check),
@@ -55,7 +59,7 @@ git-export-patches)
            repository in SGLang's layout: one commit with the pristine
            ``python/sglang/`` and ``test/`` (tag ``upstream-<version>``,
            branch ``upstream``), then one commit per patch (``git am
-           --3way``).
+           --3way --keep-non-patch``: subjects keep tags like [AMD][VLM]).
   (edit)   ordinary git in that repository: ``git commit --fixup=<sha>``,
            ``git rebase -i --autosquash upstream``, new commits for new
            patches (a new file goes into the commit that first uses it).
@@ -69,8 +73,9 @@ git-export-patches)
 
 Errors are one line on stderr, prefixed ``series.py: error:``, with a
 non-zero exit (2; ``check`` uses 1 for "does not apply"). Nothing is left
-half-done: the target is only written after everything was validated and
-staged. Python 3.11, standard library only; git must be on PATH.
+half-done: the target is only written after the series was checked against
+it, and a failure while writing rolls it back. Python 3.11, standard library
+only; git must be on PATH.
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,9 +113,9 @@ UPSTREAM_BRANCH = "upstream"
 UPSTREAM_IDENT = ("sglang upstream", "upstream@sglang.invalid")
 FALLBACK_IDENT = ("series.py", "series.py@localhost")
 
-# Only for the test suite: raise after this many files were copied back, to
-# prove that a failure during copy-back rolls the target back.
-_FAULT_ENV = "SERIES_PY_TEST_FAIL_COPY_AFTER"
+# Only for the test suite: fail after git apply wrote the target, to prove
+# that a failure while writing rolls the target back.
+_FAULT_ENV = "SERIES_PY_TEST_FAIL_AFTER_APPLY"
 
 EXIT_ERROR = 2
 EXIT_CHECK_FAILED = 1
@@ -204,69 +209,36 @@ def _first_error_line(proc) -> str:
 
 
 @dataclass
-class Hunk:
-    header: str  # "@@ -9,14 +9,13 @@"
-    old_start: int
-
-
-@dataclass
-class FileDiff:
-    old: (
-        str | None
-    )  # None for a new file; repository form (python/sglang/..., test/...)
-    new: str | None  # None for a deleted file
-    hunks: list[Hunk] = field(default_factory=list)
-    start: int = 0  # where this file's "diff --git" section starts in the patch text
-    end: int = 0
-
-    @property
-    def path(self) -> str:
-        return self.new or self.old or "?"
-
-    @property
-    def is_test(self) -> bool:
-        return self.path.startswith(TESTS + "/")
-
-
-@dataclass
-class Patch:
-    name: str
-    data: bytes
-    files: list[FileDiff]
-
-    def touched(self) -> list[str]:
-        out = []
-        for f in self.files:
-            for p in (f.old, f.new):
-                if p and p not in out:
-                    out.append(p)
-        return out
-
-
-@dataclass
 class Series:
     series_dir: Path
     header: list[str]
-    patches: list[Patch]
+    names: list[str]
+    # Per patch, per diff section as `git apply --numstat` lists them: the
+    # section's repository path(s) (two for a rename or copy).
+    sections: list[list[tuple[str, ...]]]
+    data: bytes  # the patches concatenated in series order: one git apply input
     hash: str
 
-    @property
-    def names(self) -> list[str]:
-        return [p.name for p in self.patches]
-
-    def touched(self) -> list[str]:
-        out: list[str] = []
-        for p in self.patches:
-            for t in p.touched():
-                if t not in out:
-                    out.append(t)
-        return out
+    def paths(self) -> list[str]:
+        """Every repository path the series names, first mention first."""
+        out: dict[str, None] = {}
+        for sections in self.sections:
+            for section in sections:
+                out.update(dict.fromkeys(section))
+        return list(out)
 
     def test_files(self) -> list[str]:
-        return [t for t in self.touched() if t.startswith(TESTS + "/")]
+        return [p for p in self.paths() if p.startswith(TESTS + "/")]
 
-
-_HUNK_RE = re.compile(r"^(@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@)")
+    def owners(self, layout: str) -> list[str]:
+        """The patch of each diff section git apply checks in this layout, in
+        order (a directory holding sglang/ skips the test sections)."""
+        return [
+            name
+            for name, sections in zip(self.names, self.sections)
+            for section in sections
+            if layout == LAYOUT_REPO or not section[0].startswith(TESTS + "/")
+        ]
 
 
 def _check_path(path: str, where: str) -> None:
@@ -282,6 +254,12 @@ def _check_path(path: str, where: str) -> None:
             )
         return
     if parts[0] == TESTS and len(parts) >= 2:
+        if parts[1] == PKG:
+            # -p2 would turn it into sglang/..., a file of the package.
+            raise SeriesError(
+                f"{where}: path {path!r} under {TESTS}/{PKG}/ would land in the package "
+                f"of a target holding {PKG}/"
+            )
         return
     raise SeriesError(
         f"{where}: path {path!r} is outside {CODE}/{PKG}/ and {TESTS}/ "
@@ -289,68 +267,39 @@ def _check_path(path: str, where: str) -> None:
     )
 
 
-def parse_patch(name: str, data: bytes) -> Patch:
-    """Read the file list and hunk headers of a git-format patch (no diffing).
-
-    Every path is one of SGLang's repository paths (python/sglang/...,
-    test/...); any other path is refused."""
-    text = data.decode("utf-8", "surrogateescape")
-    files: list[FileDiff] = []
-    cur: FileDiff | None = None
-    in_hunks = False
-    pos = 0
-    for line in text.split("\n"):
-        line_start = pos
-        pos += len(line) + 1
-        if line.startswith("diff --git "):
-            rest = line[len("diff --git ") :]
-            if rest.startswith('"'):
-                raise SeriesError(f"{name}: quoted path in {line!r} is not supported")
-            # "a/P b/P": both halves are equal for a plain modification.
-            half = (len(rest) - 1) // 2
-            a, b = rest[:half], rest[half + 1 :]
-            if not (a.startswith("a/") and b.startswith("b/")) or a[2:] != b[2:]:
-                # Renames/copies: the real names come from the extended headers.
-                a, b = "a/", "b/"
-            if cur is not None:
-                cur.end = line_start
-            cur = FileDiff(old=a[2:] or None, new=b[2:] or None, start=line_start)
-            files.append(cur)
-            in_hunks = False
-            continue
-        if cur is None:
-            continue
-        if not in_hunks:
-            if line.startswith(("rename from ", "copy from ")):
-                cur.old = line.split(" ", 2)[2]
-            elif line.startswith(("rename to ", "copy to ")):
-                cur.new = line.split(" ", 2)[2]
-            elif line.startswith("new file mode"):
-                cur.old = None
-            elif line.startswith("deleted file mode"):
-                cur.new = None
-        m = _HUNK_RE.match(line)
-        if m:
-            in_hunks = True
-            cur.hunks.append(Hunk(header=m.group(1), old_start=int(m.group(2))))
-    if not files:
+def patch_sections(name: str, data: bytes, cwd: Path) -> list[tuple[str, ...]]:
+    """The diff sections of one patch file as git apply reads them (its
+    repository paths), each path checked by _check_path."""
+    if b"diff --git " not in data:
         raise SeriesError(f"{name}: no 'diff --git' section (not a git-format patch)")
-    files[-1].end = len(text)
-    for f in files:
-        if f.old is None and f.new is None:
-            raise SeriesError(f"{name}: cannot read the file names of a diff section")
-        for path in (f.old, f.new):
-            if path is not None:
-                _check_path(path, name)
-        if (
-            f.old
-            and f.new
-            and f.old.startswith(TESTS + "/") != f.new.startswith(TESTS + "/")
-        ):
+    proc = _git(
+        ["apply", "--numstat", "-z"],
+        cwd=cwd,
+        env=_git_env(isolated=True, ceiling=cwd.parent),
+        input_bytes=data,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SeriesError(
+            f"{name}: git apply cannot read it: {_first_error_line(proc)}"
+        )
+    # -z: "added<TAB>deleted<TAB>path<NUL>", or for a rename or copy
+    # "added<TAB>deleted<TAB><NUL>old<NUL>new<NUL>".
+    fields = proc.stdout.decode("utf-8", "surrogateescape").split("\0")
+    sections: list[tuple[str, ...]] = []
+    i = 0
+    while i < len(fields) and fields[i]:
+        path = fields[i].split("\t", 2)[2]
+        section = (path,) if path else (fields[i + 1], fields[i + 2])
+        i += 1 if path else 3
+        for p in section:
+            _check_path(p, name)
+        if len({p.startswith(TESTS + "/") for p in section}) > 1:
             raise SeriesError(
-                f"{name}: {f.old} -> {f.new} moves a file between {CODE}/ and {TESTS}/"
+                f"{name}: {section[0]} -> {section[1]} moves a file between {CODE}/ and {TESTS}/"
             )
-    return Patch(name=name, data=data, files=files)
+        sections.append(section)
+    return sections
 
 
 def read_series_names(series_dir: Path) -> tuple[list[str], list[str]]:
@@ -380,7 +329,7 @@ def load_series(series_dir: Path) -> Series:
     h = hashlib.sha256()
     h.update(b"series\0")
     h.update((series_dir / "series").read_bytes())
-    patches = []
+    sections, chunks = [], []
     for name in names:
         p = series_dir / name
         if not p.is_file():
@@ -388,16 +337,10 @@ def load_series(series_dir: Path) -> Series:
                 f"patch {name!r} listed in {series_dir / 'series'} does not exist"
             )
         data = p.read_bytes()
-        patches.append(parse_patch(name, data))
-        h.update(
-            b"\0patch\0"
-            + name.encode()
-            + b"\0"
-            + str(len(data)).encode()
-            + b"\0"
-            + data
-        )
-    return Series(series_dir, header, patches, h.hexdigest())
+        sections.append(patch_sections(name, data, series_dir))
+        chunks.append(data if data.endswith(b"\n") else data + b"\n")
+        h.update(b"\0patch\0%s\0%d\0" % (name.encode(), len(data)) + data)
+    return Series(series_dir, header, names, sections, b"".join(chunks), h.hexdigest())
 
 
 # --------------------------------------------------------------------------
@@ -542,14 +485,6 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _write_atomic(src: Path, dst: Path) -> None:
-    """Replace dst by a copy of src (bytes and mode) without a torn state."""
-    tmp = dst.with_name(f".{dst.name}.series-tmp")
-    shutil.copyfile(src, tmp)
-    shutil.copymode(src, tmp)
-    os.replace(tmp, dst)
-
-
 def _restore(backup: Path, dst: Path) -> None:
     """Put an original back byte-identically (bytes, mode, times)."""
     tmp = dst.with_name(f".{dst.name}.series-tmp")
@@ -569,153 +504,59 @@ def _missing_dirs(target: Path, rel: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------
-# staging: apply the series with git apply in a temporary mirror
+# git apply: the whole series in one call
 # --------------------------------------------------------------------------
-
-_APPLYING_RE = re.compile(r"^Applying patch (.+?) with \d+ rejects?\.\.\.$")
-_REJECTED_RE = re.compile(r"^Rejected hunk #(\d+)\.$")
-_FAILED_AT_RE = re.compile(r"^error: patch failed: (.+):(\d+)$")
-
-
-@dataclass
-class Failure:
-    patch: str
-    problems: list[str]
-
-    def line(self) -> str:
-        return f"FAILED {self.patch}: " + "; ".join(self.problems)
-
-
-def _describe(patch: Patch, output: str, rel=lambda path: path) -> list[str]:
-    """Turn git apply --reject output into 'FILE hunk #N (@@ ... @@)' items
-    (rel maps the patch's paths to the names git apply printed)."""
-    by_file: dict[str, list[FileDiff]] = {}
-    for f in patch.files:
-        by_file.setdefault(rel(f.path), []).append(f)
-    problems: list[str] = []
-    rejected: dict[str, list[int]] = {}
-    failed_lines: dict[str, list[int]] = {}
-    current = None
-    other: list[str] = []
-    for line in output.splitlines():
-        m = _APPLYING_RE.match(line)
-        if m:
-            current = m.group(1)
-            continue
-        m = _REJECTED_RE.match(line)
-        if m and current:
-            rejected.setdefault(current, []).append(int(m.group(1)))
-            continue
-        m = _FAILED_AT_RE.match(line)
-        if m:
-            failed_lines.setdefault(m.group(1), []).append(int(m.group(2)))
-            continue
-        if line.startswith("error: ") and not line.endswith(
-            ("patch does not apply", "while searching for:")
-        ):
-            other.append(line[len("error: ") :].strip())
-
-    def header(path: str, number: int) -> str:
-        hunks = [h for f in by_file.get(path, []) for h in f.hunks]
-        return f" ({hunks[number - 1].header})" if 0 < number <= len(hunks) else ""
-
-    for path, numbers in rejected.items():
-        for n in numbers:
-            problems.append(f"{path} hunk #{n}{header(path, n)} does not apply")
-    for path, lines in failed_lines.items():
-        if path in rejected:
-            continue
-        hunks = [h for f in by_file.get(path, []) for h in f.hunks]
-        for ln in lines:
-            idx = next((i for i, h in enumerate(hunks) if h.old_start == ln), None)
-            if idx is None:
-                problems.append(f"{path} hunk at line {ln} does not apply")
-            else:
-                problems.append(
-                    f"{path} hunk #{idx + 1} ({hunks[idx].header}) does not apply"
-                )
-    problems.extend(other)
-    if not problems:
-        tail = output.strip().splitlines()
-        problems.append(tail[-1] if tail else "git apply failed")
-    return problems
 
 
 def _touched(target: Target, series: Series) -> list[str]:
     """The files the series touches in this target, relative to it."""
-    return [r for r in (target.rel(p) for p in series.touched()) if r is not None]
+    return [r for r in (target.rel(p) for p in series.paths()) if r is not None]
 
 
-def _patch_for(target: Target, patch: Patch) -> tuple[bytes | None, list[str]]:
-    """The bytes git apply gets for this patch in this target's layout, and
-    its path options; None when nothing of the patch belongs in the target
-    (a patch of test files only, for a target without test/)."""
-    if target.layout == LAYOUT_REPO:
-        return patch.data, []
-    code = [f for f in patch.files if not f.is_test]
-    if not code:
-        return None, []
-    data = patch.data
-    if len(code) < len(patch.files):
-        text = data.decode("utf-8", "surrogateescape")
-        kept = text[: patch.files[0].start] + "".join(
-            text[f.start : f.end] for f in code
-        )
-        data = kept.encode("utf-8", "surrogateescape")
-    return data, ["-p2"]  # a/python/sglang/... -> sglang/...
+def git_apply(
+    series: Series, layout: str, cwd: Path, check: bool
+) -> list[tuple[str, list[str]]]:
+    """One all-or-nothing `git apply` of the concatenated series in cwd, laid
+    out as a repository root or as a directory holding sglang/ (-p2 turns
+    python/sglang/... into sglang/...; --include leaves the test files out).
+
+    Returns [] when it applied (with check, would apply), else
+    [(patch, [git's error messages])] for each patch git named an error in:
+    --verbose prints "Checking patch FILE..." per diff section, so the errors
+    after the n-th one belong to the patch owning the n-th section."""
+    opts = [] if layout == LAYOUT_REPO else ["-p2", f"--include={PKG}/*"]
+    proc = _git(
+        ["apply", "--verbose", "--whitespace=nowarn", *opts]
+        + (["--check"] if check else []),
+        cwd=cwd,
+        # Never the enclosing repository's view (the target may live in a
+        # checkout): git apply then patches paths relative to cwd.
+        env=_git_env(isolated=True, ceiling=cwd.parent),
+        input_bytes=series.data,
+        check=False,
+    )
+    if proc.returncode == 0:
+        return []
+    owners = series.owners(layout)
+    found: dict[str, list[str]] = {}
+    section, quoting = -1, False
+    for line in _err(proc).splitlines():
+        if line.startswith("Checking patch "):
+            section, quoting = section + 1, False
+        elif line.startswith("error: "):
+            message = line[len("error: ") :].strip()
+            # "while searching for:" is followed by the hunk's lines: skipped.
+            quoting = message == "while searching for:"
+            if not quoting:
+                owner = owners[section] if 0 <= section < len(owners) else "(series)"
+                found.setdefault(owner, []).append(message)
+        elif line.startswith("Hunk #"):
+            quoting = False
+    return list(found.items()) or [("(series)", [_first_error_line(proc)])]
 
 
-def stage_series(
-    series: Series, sources: dict[str, Path], work: Path, target: Target
-) -> tuple[Path, list[Failure]]:
-    """Copy the touched files into work/tree and apply the series there, in
-    the target's layout.
-
-    `sources` maps each touched target-relative path that exists upstream to
-    the file holding its upstream bytes. Failing patches are reported and
-    skipped (their good hunks stay applied) so that later patches are still
-    tried.
-    """
-    tree = work / "tree"
-    tree.mkdir()
-    for rel, src in sources.items():
-        dst = tree / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
-    env = _git_env(isolated=True, ceiling=work)
-    failures: list[Failure] = []
-    for i, patch in enumerate(series.patches):
-        data, opts = _patch_for(target, patch)
-        if data is None:
-            continue
-        pfile = work / f"patch-{i:03d}.patch"
-        pfile.write_bytes(data)
-        proc = _git(
-            [
-                "apply",
-                "--reject",
-                "--whitespace=nowarn",
-                "--verbose",
-                *opts,
-                str(pfile),
-            ],
-            cwd=tree,
-            env=env,
-            check=False,
-        )
-        for rel in patch.touched():
-            mapped = target.rel(rel)
-            rej = tree / f"{mapped}.rej" if mapped else None
-            if rej is not None and rej.exists():
-                rej.unlink()
-        if proc.returncode != 0:
-            output = _err(proc) + "\n" + _out(proc)
-            failures.append(
-                Failure(
-                    patch.name, _describe(patch, output, lambda p: target.rel(p) or p)
-                )
-            )
-    return tree, failures
+def _failed_lines(failures) -> list[str]:
+    return [f"FAILED {name}: " + "; ".join(msgs) for name, msgs in failures]
 
 
 def _created_by(target: Target, stamp: dict | None) -> set[str]:
@@ -727,41 +568,50 @@ def _created_by(target: Target, stamp: dict | None) -> set[str]:
     return {r for r in (_stamp_rel(target, stamp, c) for c in created) if r is not None}
 
 
-def _pristine_sources(
-    target: Target, series: Series, stamp: dict | None
-) -> dict[str, Path]:
-    """Where each touched file's upstream bytes are: in the target, in the
-    backups of the applied series, or nowhere (a file that does not exist
-    upstream, including every file the applied series created). Keys are
-    relative to the target."""
-    stamp_dir, _ = _stamp_paths(target)
-    backups: dict[str, Path] = {}
-    if stamp:
-        for e in stamp["files"]:
-            r = _stamp_rel(target, stamp, e["path"])
-            if e["existed"] and r is not None:
-                backups[r] = stamp_dir / ORIGINALS / e["path"]
-    created = _created_by(target, stamp)
-    out = {}
-    for rel in _touched(target, series):
-        if rel in backups:
-            b = backups[rel]
-            if not b.is_file():
-                raise SeriesError(
-                    f"the backup of {rel} is missing from {stamp_dir}; cannot tell its upstream bytes"
-                )
-            out[rel] = b
-            continue
-        if rel in created:
-            continue
-        src = target.root / rel
+def _refuse_odd_paths(root: Path, touched: list[str]) -> None:
+    """Refuse a touched path that is a symlink or not a regular file, or
+    whose parent is not a directory."""
+    for rel in touched:
+        src = root / rel
         if src.is_symlink():
             raise SeriesError(f"{src} is a symlink; refusing to patch through it")
-        if src.is_file():
-            out[rel] = src
-        elif src.exists():
+        if src.exists() and not src.is_file():
             raise SeriesError(f"{src} is not a regular file")
-    return out
+        for parent in list(Path(rel).parents)[:-1]:
+            p = root / parent
+            if p.exists() and not p.is_dir():
+                raise SeriesError(f"{p} is not a directory; cannot place {rel} there")
+
+
+def check_upstream(target: Target, series: Series, stamp: dict | None):
+    """git_apply --check of the series on the upstream files: the target
+    itself, or where a series is applied (stamp), a temporary copy of the
+    touched files' upstream bytes (the backups; the files that series
+    created are absent upstream)."""
+    touched = _touched(target, series)
+    _refuse_odd_paths(target.root, touched)
+    if stamp is None:
+        return git_apply(series, target.layout, target.root, check=True)
+    backups = {}
+    for e in stamp["files"]:
+        r = _stamp_rel(target, stamp, e["path"])
+        if e["existed"] and r is not None:
+            backups[r] = target.stamp_dir / ORIGINALS / e["path"]
+    created = _created_by(target, stamp)
+    with tempfile.TemporaryDirectory(prefix="series-check-") as tmp:
+        mirror = Path(tmp) / "upstream"
+        for rel in touched:
+            src = backups.get(rel, target.root / rel)
+            if rel in backups and not src.is_file():
+                raise SeriesError(
+                    f"the backup of {rel} is missing from {target.stamp_dir}; cannot tell "
+                    f"its upstream bytes"
+                )
+            if rel not in created and src.is_file():
+                (mirror / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, mirror / rel)
+        mirror.mkdir(exist_ok=True)
+        return git_apply(series, target.layout, mirror, check=True)
 
 
 # --------------------------------------------------------------------------
@@ -802,20 +652,18 @@ def cmd_check(args) -> int:
     skipped = _tests_skipped_line(target, series)
     if skipped:
         print(f"note: {skipped}")
-    sources = _pristine_sources(target, series, stamp)
-    with tempfile.TemporaryDirectory(prefix="series-check-") as tmp:
-        _, failures = stage_series(series, sources, Path(tmp), target)
-    for f in failures:
-        print(f.line())
+    failures = check_upstream(target, series, stamp)
+    for line in _failed_lines(failures):
+        print(line)
     if failures:
         print(
-            f"series.py: error: {len(failures)} of {len(series.patches)} patch(es) do not apply to "
+            f"series.py: error: {len(failures)} of {len(series.names)} patch(es) do not apply to "
             f"sglang {version} at {target.root}",
             file=sys.stderr,
         )
         return EXIT_CHECK_FAILED
     print(
-        f"ok: {len(series.patches)} patch(es) apply cleanly to sglang {version} at {target.root}"
+        f"ok: {len(series.names)} patch(es) apply cleanly to sglang {version} at {target.root}"
     )
     return 0
 
@@ -826,7 +674,7 @@ def cmd_apply(args) -> int:
         same_layout = _stamp_layout(stamp) == target.layout
         if stamp["series_hash"] == series.hash and same_layout:
             print(
-                f"already applied: series {series.hash[:12]} ({len(series.patches)} patch(es)) "
+                f"already applied: series {series.hash[:12]} ({len(series.names)} patch(es)) "
                 f"on sglang {stamp.get('sglang_version')} at {target.root}"
             )
             return 0
@@ -844,15 +692,12 @@ def cmd_apply(args) -> int:
         require_supported(target.root, version, args.force)
         # --replace: prove the new series applies to the upstream files (kept in
         # the old stamp's backups) before anything is reverted.
-        with tempfile.TemporaryDirectory(prefix="series-replace-") as tmp:
-            _, failures = stage_series(
-                series, _pristine_sources(target, series, stamp), Path(tmp), target
-            )
+        failures = check_upstream(target, series, stamp)
         if failures:
-            for f in failures:
-                print(f.line(), file=sys.stderr)
+            for line in _failed_lines(failures):
+                print(line, file=sys.stderr)
             raise SeriesError(
-                f"{len(failures)} of {len(series.patches)} patch(es) do not apply to sglang {version} "
+                f"{len(failures)} of {len(series.names)} patch(es) do not apply to sglang {version} "
                 f"at {target.root}; the applied series was left in place"
             )
         problem = _undo(_stamp_base(target.stamp_dir, stamp), target.stamp_dir, stamp)
@@ -860,27 +705,17 @@ def cmd_apply(args) -> int:
             raise SeriesError(f"could not revert the applied series ({problem})")
         print(f"reverted the previously applied series {stamp['series_hash'][:12]}")
     require_supported(target.root, version, args.force)
-
-    sources = _pristine_sources(target, series, None)
-    for rel in _touched(target, series):
-        parts = rel.split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            p = target.root.joinpath(*parts[:i])
-            if p.exists() and not p.is_dir():
-                raise SeriesError(f"{p} is not a directory; cannot place {rel} there")
-
-    with tempfile.TemporaryDirectory(prefix="series-apply-") as tmp:
-        tree, failures = stage_series(series, sources, Path(tmp), target)
-        if failures:
-            for f in failures:
-                print(f.line(), file=sys.stderr)
-            raise SeriesError(
-                f"{len(failures)} of {len(series.patches)} patch(es) do not apply to sglang "
-                f"{version} at {target.root}; target left unchanged"
-            )
-        _commit_apply(target, series, version, tree)
+    failures = check_upstream(target, series, None)
+    if failures:
+        for line in _failed_lines(failures):
+            print(line, file=sys.stderr)
+        raise SeriesError(
+            f"{len(failures)} of {len(series.names)} patch(es) do not apply to sglang "
+            f"{version} at {target.root}; target left unchanged"
+        )
+    _write(target, series, version)
     print(
-        f"applied series {series.hash[:12]}: {len(series.patches)} patch(es) "
+        f"applied series {series.hash[:12]}: {len(series.names)} patch(es) "
         f"to sglang {version} at {target.root}"
     )
     for name in series.names:
@@ -891,28 +726,21 @@ def cmd_apply(args) -> int:
     return 0
 
 
-def _commit_apply(target: Target, series: Series, version, tree) -> None:
+def _write(target: Target, series: Series, version: str | None) -> None:
+    """Back up every touched upstream file and write the stamp into
+    .fork-series.partial, git apply the series onto the target, then record
+    each result's sha256 and rename the stamp dir into place. Any failure
+    puts the backups back and removes what the series created."""
     stamp_dir, partial = _stamp_paths(target)
     root = target.root
-    files = []
-    created_dirs: list[str] = []
-    writes: list[tuple[Path, Path]] = []  # (staged result, target path)
-    deletes: list[Path] = []
+    files, created_dirs = [], []
     for rel in _touched(target, series):
         existed = (root / rel).is_file()
-        result = tree / rel
-        entry = {"path": rel, "existed": existed}
-        if result.is_file():
-            entry["applied_sha256"] = _sha(result)
-            for d in _missing_dirs(root, rel):
-                if d not in created_dirs:
-                    created_dirs.append(d)
-            writes.append((result, root / rel))
-        elif existed:
-            entry["applied_sha256"] = None
-            deletes.append(root / rel)
-        files.append(entry)
-
+        files.append({"path": rel, "existed": existed})
+        if not existed:
+            created_dirs += [
+                d for d in _missing_dirs(root, rel) if d not in created_dirs
+            ]
     stamp = {
         "format": STAMP_FORMAT,
         "tool": "scripts/series.py",
@@ -930,8 +758,10 @@ def _commit_apply(target: Target, series: Series, version, tree) -> None:
         # paths relative to the directory holding sglang/.
         stamp["layout"] = LAYOUT_REPO
 
-    fail_after = os.environ.get(_FAULT_ENV)
-    fail_after = int(fail_after) if fail_after else None
+    def save_stamp():
+        text = json.dumps(stamp, indent=2) + "\n"
+        (partial / STAMP_FILE).write_text(text, encoding="utf-8")
+
     partial.mkdir()
     try:
         for entry in files:
@@ -939,16 +769,18 @@ def _commit_apply(target: Target, series: Series, version, tree) -> None:
                 b = partial / ORIGINALS / entry["path"]
                 b.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(root / entry["path"], b)
-        (partial / STAMP_FILE).write_text(
-            json.dumps(stamp, indent=2) + "\n", encoding="utf-8"
-        )
-        for n, (src, dst) in enumerate(writes):
-            if fail_after is not None and n >= fail_after:
-                raise OSError(f"injected failure after {n} file(s) ({_FAULT_ENV})")
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(src, dst)
-        for dst in deletes:
-            dst.unlink()
+        save_stamp()
+        failures = git_apply(series, target.layout, root, check=False)
+        if failures:
+            raise SeriesError("git apply failed: " + _failed_lines(failures)[0])
+        if os.environ.get(_FAULT_ENV):
+            raise OSError(
+                f"injected failure after git apply wrote the target ({_FAULT_ENV})"
+            )
+        for entry in files:
+            p = root / entry["path"]
+            entry["applied_sha256"] = _sha(p) if p.is_file() else None
+        save_stamp()
         os.rename(partial, stamp_dir)
     except BaseException as exc:
         problem = _undo(root, partial, stamp)
@@ -1083,7 +915,7 @@ def cmd_status(args) -> int:
     print(f"sglang:  {version or 'unknown version'} ({base})")
     if not applied:
         print(
-            f"series:  not applied (current series {series.hash[:12]}, {len(series.patches)} patch(es))"
+            f"series:  not applied (current series {series.hash[:12]}, {len(series.names)} patch(es))"
         )
     elif current:
         print(f"series:  applied, the current series ({series.hash[:12]})")
@@ -1118,7 +950,6 @@ _NOT_TRACKED = [
     f":(exclude){_CODE_PKG}/{STAMP_DIR}",
     f":(exclude){_CODE_PKG}/{PARTIAL_DIR}",
 ]
-_TRACKED_PATHSPEC = [_CODE_PKG, TESTS, *_NOT_TRACKED]
 
 _EXCLUDES = f"""\
 # written by scripts/series.py import: only python/sglang/ and test/ are tracked
@@ -1176,65 +1007,15 @@ def _ensure_identity(repo: Path) -> None:
         )
 
 
-def _mktree(repo: Path, entries: dict[str, str]) -> str:
-    """A tree object of subtrees (name -> tree sha)."""
-    spec = "".join(
-        f"040000 tree {sha}\t{name}\n" for name, sha in sorted(entries.items())
-    )
-    return _out(_git(["mktree"], cwd=repo, input_bytes=spec.encode())).strip()
+def _has_files(d: Path) -> bool:
+    return d.is_dir() and any(p.is_file() for p in d.rglob("*"))
 
 
-def _subtree(repo: Path, rev: str, path: str) -> str | None:
-    proc = _git(["rev-parse", "--verify", "-q", f"{rev}:{path}"], cwd=repo, check=False)
-    return _out(proc).strip() or None if proc.returncode == 0 else None
-
-
-def _commit_pristine(
-    repo: Path, source: Target, version: str | None, parent: str | None
-) -> str:
-    """Commit the pristine sglang of source (as python/sglang/, with source's
-    test/ tree if it has one) into repo as a commit object; returns its sha.
-
-    A source holding sglang/ has no tests: the parent's test/ tree is kept."""
-    git_dir = str(repo / ".git")
-    if source.layout == LAYOUT_REPO:
-        tests_dir = source.root / TESTS
-        has_tests = tests_dir.is_dir() and any(
-            p.is_file() for p in tests_dir.rglob("*")
-        )
-        spec = [_CODE_PKG, *([TESTS] if has_tests else []), *_NOT_TRACKED]
-    else:
-        spec = [PKG, *[s.replace(f"{_CODE_PKG}/", f"{PKG}/") for s in _NOT_TRACKED]]
-    with tempfile.TemporaryDirectory(prefix="series-index-") as tmp:
-        env = _git_env(GIT_INDEX_FILE=str(Path(tmp) / "index"))
-        _git(
-            [
-                "--git-dir",
-                git_dir,
-                "--work-tree",
-                str(source.root),
-                "add",
-                "-A",
-                "-f",
-                "--",
-                *spec,
-            ],
-            cwd=source.root,
-            env=env,
-        )
-        tree = _out(
-            _git(["--git-dir", git_dir, "write-tree"], cwd=source.root, env=env)
-        ).strip()
-    if source.layout == LAYOUT_REPO:
-        code, tests = _subtree(repo, tree, _CODE_PKG), _subtree(repo, tree, TESTS)
-    else:
-        code, tests = _subtree(repo, tree, PKG), None
-    if tests is None and parent:
-        tests = _subtree(repo, parent, TESTS)
-    top = {CODE: _mktree(repo, {PKG: code})}
-    if tests:
-        top[TESTS] = tests
-    tree = _mktree(repo, top)
+def _commit_upstream(work: Path, version: str | None) -> str:
+    """Commit the python/sglang/ and test/ of the work tree `work` as they are
+    (the pristine upstream, under a fixed identity and date); its sha."""
+    spec = [p for p in (_CODE_PKG, TESTS) if _has_files(work / p)]
+    _git(["add", "-A", "-f", "--", *spec, *_NOT_TRACKED], cwd=work)
     env = _git_env(
         GIT_AUTHOR_NAME=UPSTREAM_IDENT[0],
         GIT_AUTHOR_EMAIL=UPSTREAM_IDENT[1],
@@ -1248,10 +1029,9 @@ def _commit_pristine(
         f"The unmodified sglang package this series applies to. Written by\n"
         f"scripts/series.py; the patch commits follow on top of it.\n"
     )
-    cmd = ["commit-tree", tree, "-m", msg]
-    if parent:
-        cmd += ["-p", parent]
-    return _out(_git(cmd, cwd=repo, env=env)).strip()
+    commit = ["commit", "-q", "--no-verify", "--no-gpg-sign", "--allow-empty"]
+    _git([*commit, "-m", msg], cwd=work, env=env)
+    return _out(_git(["rev-parse", "HEAD"], cwd=work)).strip()
 
 
 def _require_imported(repo: Path) -> None:
@@ -1290,7 +1070,7 @@ def _require_imported(repo: Path) -> None:
 
 def _conflicted(repo: Path) -> list[str]:
     proc = _git(["diff", "--name-only", "--diff-filter=U"], cwd=repo, check=False)
-    return [l for l in _out(proc).splitlines() if l.strip()]
+    return [f for f in _out(proc).splitlines() if f.strip()]
 
 
 def slug(subject: str) -> str:
@@ -1349,13 +1129,16 @@ def cmd_import(args) -> int:
     (info / "exclude").write_text(_EXCLUDES, encoding="utf-8")
     _ensure_identity(repo)
 
-    upstream = _commit_pristine(repo, source, version, None)
+    # The pristine tree as a root commit of an unborn branch WORK_BRANCH
+    # (a re-import starts it again).
     _git(["symbolic-ref", "HEAD", f"refs/heads/{WORK_BRANCH}"], cwd=repo)
-    _git(["reset", "-q", upstream], cwd=repo)
+    _git(["update-ref", "-d", f"refs/heads/{WORK_BRANCH}"], cwd=repo, check=False)
+    _git(["read-tree", "--empty"], cwd=repo)
+    upstream = _commit_upstream(repo, version)
     _git(["tag", "-f", f"upstream-{version}", upstream], cwd=repo)
     _git(["branch", "-f", UPSTREAM_BRANCH, upstream], cwd=repo)
 
-    files = [series.series_dir / patch.name for patch in series.patches]
+    files = [series.series_dir / name for name in series.names]
     proc = None
     if files:
         proc = _git(
@@ -1376,27 +1159,17 @@ def cmd_import(args) -> int:
         index = int(m.group(1)) - 1 if m else None
         name = series.names[index] if index is not None else "?"
         conflicted = _conflicted(repo)
-        if conflicted:
-            what = f"conflicts in {', '.join(conflicted)}"
-        else:
-            # No 3-way merge was possible (e.g. the patch's base blobs are
-            # not in this tree): say which hunks do not apply.
-            what = (
-                "; ".join(
-                    _describe(
-                        series.patches[index],
-                        _err(
-                            _git(
-                                ["apply", "--check", "-v", str(files[index])],
-                                cwd=repo,
-                                check=False,
-                            )
-                        ),
-                    )
-                )
-                if index is not None
-                else "see `git am --show-current-patch=diff`"
-            )
+        # Without a 3-way merge (the patch's base blobs are not in this tree)
+        # git apply's "patch failed: FILE:LINE" lines say where.
+        failed = []
+        if index is not None:
+            check = _git(["apply", "--check", str(files[index])], cwd=repo, check=False)
+            failed = re.findall(r"^error: (patch failed: .+)$", _err(check), re.M)
+        what = (
+            f"conflicts in {', '.join(conflicted)}"
+            if conflicted
+            else "; ".join(failed) or "see `git am --show-current-patch=diff`"
+        )
         raise SeriesError(
             f"patch {name} does not apply to sglang {version} ({what}); resolve it in {repo} "
             f"(`git am --show-current-patch=diff` shows the patch), `git add` the files, "
@@ -1404,7 +1177,7 @@ def cmd_import(args) -> int:
         )
 
     print(
-        f"imported sglang {version} + {len(series.patches)} patch(es)"
+        f"imported sglang {version} + {len(series.names)} patch(es)"
         f" into {repo} (branch {WORK_BRANCH}; base: branch {UPSTREAM_BRANCH} = tag upstream-{version})"
     )
     print(
@@ -1465,11 +1238,7 @@ def cmd_export(args) -> int:
                 f"(`git rebase -i {UPSTREAM_BRANCH}`) before exporting"
             )
         for p in touched[c]:
-            if not (p.startswith(_CODE_PKG + "/") or p.startswith(TESTS + "/")):
-                raise SeriesError(
-                    f"commit {c[:12]} ({subjects[c]}) changes {p}, outside {_CODE_PKG}/ and "
-                    f"{TESTS}/; the series only patches SGLang's package and its tests"
-                )
+            _check_path(p, f"commit {c[:12]} ({subjects[c]})")
 
     patches: list[tuple[str, bytes]] = []
     used: set[str] = set()
@@ -1497,9 +1266,6 @@ def cmd_export(args) -> int:
             cwd=repo,
             env=fmt_env,
         )
-        parse_patch(
-            name + ".patch", proc.stdout
-        )  # its paths are ones the series may name
         patches.append((name + ".patch", proc.stdout))
 
     # All computed; now write.
@@ -1552,7 +1318,23 @@ def cmd_rebase(args) -> int:
     version = sglang_version(newtree.code_root)
     _ensure_identity(repo)
     old = _out(_git(["rev-parse", f"refs/heads/{UPSTREAM_BRANCH}"], cwd=repo)).strip()
-    new = _commit_pristine(repo, newtree, version, old)
+    # The new upstream on top of the old one, in a temporary work tree: its
+    # python/sglang/ replaced by NEWTREE's, its test/ too if NEWTREE has one.
+    with tempfile.TemporaryDirectory(prefix="series-rebase-") as tmp:
+        work = Path(tmp) / "upstream"
+        _git(["worktree", "add", "-q", "--detach", str(work), old], cwd=repo)
+        try:
+            skip = shutil.ignore_patterns("__pycache__", "*.py[co]", STAMP_DIR)
+            new_tests = newtree.root / TESTS
+            pairs = [(newtree.pkg_dir, work / _CODE_PKG)]
+            if newtree.layout == LAYOUT_REPO and _has_files(new_tests):
+                pairs.append((new_tests, work / TESTS))
+            for src, dst in pairs:
+                shutil.rmtree(dst, ignore_errors=True)
+                shutil.copytree(src, dst, symlinks=True, ignore=skip)
+            new = _commit_upstream(work, version)
+        finally:
+            _git(["worktree", "remove", "--force", str(work)], cwd=repo, check=False)
     _git(["tag", "-f", f"upstream-{version}", new], cwd=repo)
     _git(["branch", "-f", UPSTREAM_BRANCH, new], cwd=repo)
     count = len(_out(_git(["rev-list", f"{old}..HEAD"], cwd=repo)).split())
@@ -1651,18 +1433,19 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         cmd_check,
         "dry run: does the series apply? (exit 1 + one line per failing patch if not)",
-        "Apply the series in a temporary staging copy of the files it touches (never in the\n"
-        "target) and report, one line per failing patch, the patch, the file and the hunk.\n"
-        "Later patches are still tried so that every failing patch is reported. Works on\n"
-        "any version (a warning names unsupported ones): use it on a new release.",
+        "One `git apply --check` of the whole series on the target (on a temporary copy of\n"
+        "its upstream files where a series is applied); never writes the target. Reports,\n"
+        "one line per patch git named an error in, git's messages (patch failed: FILE:LINE);\n"
+        "a patch that builds on a failing one is reported too.\n"
+        "Works on any version (a warning names unsupported ones): use it on a new release.",
     )
     sp = add(
         "apply",
         cmd_apply,
         "apply the series atomically and idempotently",
-        "Stage the touched files in a temporary directory, apply every patch there with\n"
-        "git apply, and only if all applied copy the results (new files included) into the\n"
-        f"target. Byte-exact backups and stamp.json go to <package>/{STAMP_DIR}/.\n"
+        "Check the series (as `check`), save byte-exact backups of the files it touches and\n"
+        "stamp.json, then write the target with one `git apply` of the whole series; a\n"
+        f"failure restores the backups. Backups and stamp live in <package>/{STAMP_DIR}/.\n"
         "A target holding sglang/ gets the code only; a repository root the tests too.\n"
         'Applying the same series again is a no-op ("already applied").',
     )
@@ -1702,8 +1485,8 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR must hold a pristine sglang: sglang/ (moved to python/sglang/) or a repository\n"
         "root. It becomes a git repository (only python/sglang/ and test/ are tracked):\n"
         f"the pristine tree as one commit (tag upstream-<version>, branch\n"
-        f"{UPSTREAM_BRANCH}), then `git am --3way` of every patch in series order. Edit with\n"
-        "ordinary git, then export.\n"
+        f"{UPSTREAM_BRANCH}), then `git am --3way --keep-non-patch` of every patch in series\n"
+        "order (subjects keep tags like [AMD][VLM]). Edit with ordinary git, then export.\n"
         "A patch that does not apply stops with the patch and files named: resolve, git add,\n"
         "`git am --continue`, then export.",
     )

@@ -238,6 +238,11 @@ def break_hunk(patch: bytes, number: int) -> bytes:
     raise AssertionError(f"patch has no hunk #{number}")
 
 
+def hunk_starts(patch: bytes) -> list[int]:
+    """The old-file start line of each hunk header, in order."""
+    return [int(m) for m in re.findall(rb"^@@ -(\d+)", patch, re.M)]
+
+
 def edit_lines(data: bytes, numbers, suffix=b"  # fork") -> bytes:
     lines = data.split(b"\n")
     for n in numbers:
@@ -281,6 +286,17 @@ def test_check_real_series_on_pristine(pristine, version):
         in r.stdout
     )
     assert snapshot(tree) == before, "check must never write to the target"
+    # What check runs: one git apply of the concatenated series, the code
+    # only (python/sglang/... -> sglang/..., test/... left out).
+    series = b"".join((PATCHES / n).read_bytes() for n in real_series_names())
+    proc = subprocess.run(
+        ["git", "apply", "--check", "-p2", "--include=sglang/*"],
+        input=series,
+        cwd=tree,
+        capture_output=True,
+        env={**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)},
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -340,7 +356,8 @@ def test_failing_hunk_leaves_tree_untouched_and_check_names_it(pristine, tmp_pat
     good = make_patch(
         tmp_path / "mk2", MM_UTILS, utils, edit_lines(utils, [12, 300]), "Second change"
     )
-    (series / "second-change.patch").write_bytes(break_hunk(good, 2))
+    second = break_hunk(good, 2)
+    (series / "second-change.patch").write_bytes(second)
     # Patch 3: fails too, on another file, so check must report both.
     version_py = (tree / "sglang" / "version.py").read_bytes()
     third = make_patch(
@@ -350,7 +367,8 @@ def test_failing_hunk_leaves_tree_untouched_and_check_names_it(pristine, tmp_pat
         edit_lines(version_py, [3]),
         "Third change",
     )
-    (series / "third-change.patch").write_bytes(break_hunk(third, 1))
+    third = break_hunk(third, 1)
+    (series / "third-change.patch").write_bytes(third)
     (series / "series").write_text(f"{GATE}\nsecond-change.patch\nthird-change.patch\n")
     before = snapshot(tree)
 
@@ -358,16 +376,15 @@ def test_failing_hunk_leaves_tree_untouched_and_check_names_it(pristine, tmp_pat
     assert r.returncode == 1, r.stdout + r.stderr
     failed = [l for l in r.stdout.splitlines() if l.startswith("FAILED")]
     assert len(failed) == 2, r.stdout
+    # git's own words name the failing hunk by the line its header starts at.
+    hunk1, hunk2 = hunk_starts(second)
+    assert failed[0].startswith("FAILED second-change.patch: ")
+    assert f"patch failed: {MM_UTILS}:{hunk2}" in failed[0], failed[0]
     assert (
-        "second-change.patch" in failed[0]
-        and MM_UTILS in failed[0]
-        and "hunk #2" in failed[0]
-    )
-    assert (
-        "hunk #1" not in failed[0]
+        f"{MM_UTILS}:{hunk1}" not in failed[0]
     ), "hunk #1 of patch 2 applies and must not be reported"
-    assert "third-change.patch" in failed[1] and "sglang/version.py" in failed[1]
-    assert "hunk #1" in failed[1]
+    assert failed[1].startswith("FAILED third-change.patch: ")
+    assert f"patch failed: sglang/version.py:{hunk_starts(third)[0]}" in failed[1]
     assert GATE not in r.stdout.replace("FAILED", "")
     assert snapshot(tree) == before
 
@@ -433,7 +450,7 @@ def test_refuses_a_different_series(pristine, tmp_path):
     assert snapshot(tree) == applied
     st = json.loads(run("status", "--target", tree, "--json", series_dir=other).stdout)
     assert st["applied"] is True and st["current"] is False
-    # check stages the other series on the upstream files: the backups, with
+    # check runs the other series on a copy of the upstream files: the backups, with
     # the modules the applied series created counted as absent.
     r = run("check", "--target", tree, series_dir=other)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -497,13 +514,15 @@ def test_new_files_are_created_and_removed(pristine, tmp_path):
     assert snapshot(tree) == before
 
 
-def test_failure_during_copy_back_rolls_back(pristine):
+def test_failure_while_writing_rolls_back(pristine):
     tree = pristine("0.5.23")
     before = snapshot(tree)
-    # Fault injection: the copy-back raises after the first patched file was written.
-    r = run("apply", "--target", tree, env={"SERIES_PY_TEST_FAIL_COPY_AFTER": "1"})
+    # Fault injection: raises after git apply wrote every patched and new file.
+    r = run("apply", "--target", tree, env={"SERIES_PY_TEST_FAIL_AFTER_APPLY": "1"})
     assert r.returncode == 2
-    one_error_line(r, "rolled back")
+    one_error_line(
+        r, "injected failure after git apply wrote the target", "rolled back"
+    )
     assert snapshot(tree) == before
     r = run("apply", "--target", tree)
     assert r.returncode == 0, r.stderr
@@ -970,6 +989,35 @@ def test_refuses_a_series_with_a_path_outside_python_and_test(
         assert (
             snapshot(top) == before
         ), "nothing may be written (import neither moves nor git-inits)"
+
+
+def test_refuses_a_test_path_that_minus_p2_maps_into_the_package(pristine, tmp_path):
+    """A package target gets git apply -p2 --include='sglang/*': test/sglang/x
+    would become sglang/x, so such a path is refused, as is a file that holds
+    no git diff."""
+    bad = one_patch_series(
+        tmp_path,
+        "test-sglang",
+        {
+            "test-under-sglang.patch": make_commit_patch(
+                tmp_path / "mk", {"test/sglang/conftest.py": (None, b"X = 1\n")}, "T"
+            ),
+        },
+    )
+    not_a_patch = one_patch_series(
+        tmp_path, "prose", {"notes.patch": b"Subject: not a diff\n\nprose\n"}
+    )
+    tree = pristine("0.5.23")
+    before = snapshot(tree)
+    for series, needles in (
+        (bad, ("test-under-sglang.patch", "'test/sglang/conftest.py'", "package")),
+        (not_a_patch, ("notes.patch", "not a git-format patch")),
+    ):
+        for cmd in ("check", "apply", "status", "import"):
+            r = run(cmd, "--target", tree, series_dir=series)
+            assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+            one_error_line(r, *needles)
+    assert snapshot(tree) == before
 
 
 def test_repository_form_round_trip_and_git_am_without_flags(pristine, tmp_path):
