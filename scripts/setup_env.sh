@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-command CPU environment: .venv with torch, sglang 0.5.23 (--no-deps), the
 # exact-pinned CPU requirements, SGLang's linters (requirements/lint.txt), the CPU
-# stand-ins, and the patch series applied.
+# stand-ins, and the patch series applied; every install constrained by
+# requirements/constraints.txt (all the venv's packages, transitive ones included).
 # Safe to re-run: installs are skipped while the requirement files are unchanged,
 # and applying the series twice is a no-op.
 set -euo pipefail
@@ -33,14 +34,21 @@ quiet() {
 }
 
 if [ ! -f "$STAMP" ]; then
-  echo "setup: installing torch (from local disk), sglang --no-deps and CPU requirements"
-  $PIP install -r requirements/torch.txt 2>&1 | quiet
-  $PIP install --no-deps -r requirements/sglang.txt 2>&1 | quiet
-  $PIP install -r requirements/cpu.txt 2>&1 | quiet
-  $PIP install -r requirements/server.txt 2>&1 | quiet
-  $PIP install -r requirements/lint.txt 2>&1 | quiet   # scripts/lint_series.py
+  echo "setup: installing pip/setuptools, torch (from local disk), sglang --no-deps and the requirements"
+  # Every install is constrained by requirements/constraints.txt: each package
+  # the venv holds, transitive ones included, at one exact version.
+  C="-c requirements/constraints.txt"
+  $PIP install $C -r requirements/build.txt 2>&1 | quiet   # pip, and setuptools for the stand-ins
+  $PIP install $C -r requirements/torch.txt 2>&1 | quiet
+  $PIP install $C --no-deps -r requirements/sglang.txt 2>&1 | quiet
+  $PIP install $C -r requirements/cpu.txt 2>&1 | quiet
+  $PIP install $C -r requirements/server.txt 2>&1 | quiet
+  $PIP install $C -r requirements/lint.txt 2>&1 | quiet   # scripts/lint_series.py
+  # The stand-ins build with the venv's setuptools (requirements/build.txt),
+  # not one that pip's build isolation would fetch.
   for pkg in cpu_support/standins/standin_pkgs/*/; do
-    [ -f "$pkg/pyproject.toml" ] && $PIP install --no-deps --force-reinstall "$pkg" 2>&1 | quiet
+    [ -f "$pkg/pyproject.toml" ] &&
+      $PIP install $C --no-deps --no-build-isolation --force-reinstall "$pkg" 2>&1 | quiet
   done
   # Pristine release wheels: the apply tool's tests and rebases read them.
   mkdir -p .cache/wheels

@@ -7,39 +7,40 @@ torch and torch's own dependencies. The archive is a zip application:
     python benchmark/gpu_check/pack_gpu_check.py        # here: out/gpu_check/gpu_vit_check_bare.pyz
     timeout 280 python3 gpu_vit_check_bare.pyz --out "$OUT"  # there (run_gpu_check.py)
 
-It holds (``manifest.json`` in the archive lists every part):
+pip does the work here, so the box needs no pip: ``pip download`` fetches
+the wheels once into ``.cache/gpu_check_wheels`` (``--fetch-only`` does that
+and stops; ``make setup`` runs it for its own Python), then ``pip install
+--no-index --no-deps --target`` installs them, for the box's Python and
+platform, into the folders the archive holds (``manifest.json`` lists them):
 
-* ``site/``: the Python sources of the sglang 0.5.23 wheel (no compiled
-  extension; ``sglang/multimodal_gen`` and ``sglang/test`` left out) with the
-  series in ``patches/`` applied by ``scripts/series.py apply`` (whatever
-  series is there when this runs), and the pure-Python wheels in PURE;
+* ``site/``: sglang 0.5.23 (from ``.cache/wheels``, which make setup fills)
+  without its compiled extensions, ``sglang/multimodal_gen`` and
+  ``sglang/test``, with the series in ``patches/`` applied by
+  ``scripts/series.py apply`` (whatever series is there when this runs), and
+  the pure-Python distributions in PURE;
 * ``fallback/``: FALLBACK (typing_extensions), used only when the box's own
   copy is older than a packed distribution requires;
-* ``site-cpXY/``: the compiled wheels in COMPILED for one Python (``--python``,
-  default 3.12, manylinux x86_64), only used by a matching interpreter;
+* ``site-cpXY/``: the compiled distributions in COMPILED for one Python
+  (``--python``, default 3.12, manylinux x86_64), only used by a matching
+  interpreter;
 * ``scripts/``: gpu_vit_check.py and the cpu_support modules it imports
-  (the archive's own folder name; SCRIPT_FILES says where each comes from);
+  (SCRIPT_FILES says where each comes from);
 * ``__main__.py`` / ``run_gpu_check.py``: the runner; STANDINS are the
   packages it stands in for when the box lacks them (see run_gpu_check.py).
 
 PURE, COMPILED and STANDINS were found by running the check's import chain
 (its --tiny CPU path and SGLang's CUDA branch at import) with nothing but
-torch and its dependencies installed. Versions are exact: sglang's own pins
-as in requirements/cpu.txt, the others what pip resolves for that file.
-Wheels are downloaded with ``pip download`` into ``.cache/gpu_check_wheels``
-(once; ``--fetch-only`` downloads and stops, which ``make setup`` runs for
-its own Python); the sglang wheel comes from ``.cache/wheels`` (downloaded if
-absent).
+torch and its dependencies installed. They are names only: every version is
+the venv's own pin in requirements/constraints.txt.
 
-The archive is written to a temporary file beside --out and renamed into
-place only when it is complete and under --max-mib; on any error nothing is
-left behind and one line says why.
+The archive (stdlib ``zipapp``) is written to a temporary file beside --out
+and renamed into place only when it is complete and under --max-mib; on any
+error nothing is left behind and one line says why.
 """
 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import glob
 import hashlib
 import json
@@ -49,60 +50,59 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
+import zipapp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+CONSTRAINTS = os.path.join(REPO, "requirements", "constraints.txt")
 SGLANG_VERSION = "0.5.23"
 
-# Pure-Python wheels the import chain needs (py3-none-any).
+# Pure-Python distributions the import chain needs (py3-none-any).
 PURE = [
-    "transformers==5.19.0",  # sglang pin (requirements/cpu.txt)
-    "huggingface_hub==1.33.0",
-    "tqdm==4.70.1",
-    "packaging==26.4",
-    "requests==2.34.2",
-    "urllib3==2.8.0",
-    "idna==3.20",
-    "certifi==2026.10.19.post1",
-    "httpx==0.28.1",
-    "httpcore==1.0.9",
-    "h11==0.16.0",
-    "anyio==4.16.0",
-    "sniffio==1.3.1",
-    "pydantic==2.14.4",
-    "annotated-types==0.8.0",
-    "typing-inspection==0.4.5",
-    "starlette==1.10.0",
-    "IPython==9.18.1",
-    "traitlets==5.16.1",
-    "Pygments==2.21.0",
-    "openai==2.8.0",  # sglang pin
-    "distro==1.9.0",
-    "compressed-tensors==0.18.0",  # sglang pin
-    "loguru==0.7.3",
-    "gguf==0.19.0",
-    "dill==0.4.1",
-    "einops==0.8.2",
-    "partial-json-parser==0.2.1.1.post7",
+    "transformers",
+    "huggingface_hub",
+    "tqdm",
+    "packaging",
+    "requests",
+    "urllib3",
+    "idna",
+    "certifi",
+    "httpx",
+    "httpcore",
+    "h11",
+    "anyio",
+    "sniffio",
+    "pydantic",
+    "annotated-types",
+    "typing-inspection",
+    "starlette",
+    "IPython",
+    "traitlets",
+    "Pygments",
+    "openai",
+    "distro",
+    "compressed-tensors",
+    "loguru",
+    "gguf",
+    "dill",
+    "einops",
+    "partial-json-parser",
 ]
 # Pure-Python distributions the box normally has (torch requires them) and
-# the packed code needs at a minimum version: unpacked into ``fallback/``,
+# the packed code needs at a minimum version: installed into ``fallback/``,
 # which the runner puts first on the path only when the box's copy is too old
-# for a packed distribution (pydantic 2.14.4 and pydantic_core 2.50.5 need typing_extensions >= 4.16).
-FALLBACK = [
-    "typing_extensions==4.16.0",
-]
-# Compiled wheels the check uses (or transformers requires at import).
+# for a packed distribution (pydantic and pydantic_core need a recent typing_extensions).
+FALLBACK = ["typing_extensions"]
+# Compiled distributions the check uses (or transformers requires at import).
 COMPILED = [
-    "numpy==2.4.6",
-    "pydantic_core==2.50.5",  # pydantic's models, built at import
-    "msgspec==0.22.0",  # SGLang's runtime context (SpawnRanks)
-    "psutil==7.2.2",  # ServerArgs' memory checks
-    "regex==2026.11.19",  # transformers, required at import
-    "safetensors==0.8.0",  # transformers, required at import
-    "PyYAML==6.0.4",  # transformers, required at import
-    "tokenizers==0.23.2",  # transformers' gguf integration imports it
+    "numpy",
+    "pydantic_core",  # pydantic's models, built at import
+    "msgspec",  # SGLang's runtime context (SpawnRanks)
+    "psutil",  # ServerArgs' memory checks
+    "regex",  # transformers, required at import
+    "safetensors",  # transformers, required at import
+    "PyYAML",  # transformers, required at import
+    "tokenizers",  # transformers' gguf integration imports it
 ]
 # Imported at module level by SGLang, never called by the check: stood in for
 # when the box lacks them (run_gpu_check.py).
@@ -138,7 +138,9 @@ SCRIPT_FILES = {
         )
     },
 }
-SGLANG_SKIP = ["sglang/multimodal_gen/*", "sglang/test/*", "*.so", "*/__pycache__/*"]
+# Left out of the installed sglang: two subpackages the check never imports,
+# and every compiled extension (the box's Python may differ from this one).
+SGLANG_SKIP = ["sglang/multimodal_gen", "sglang/test", "*.so"]
 PLATFORMS = [
     "manylinux_2_28_x86_64",
     "manylinux_2_17_x86_64",
@@ -152,151 +154,93 @@ class PackError(Exception):
     """One line for the user."""
 
 
-def _pip_download(spec: str, dest: str, python: str | None) -> str:
-    """The wheel of ``spec`` in ``dest`` (downloaded once); ``python`` = target for a compiled wheel."""
-    name, version = spec.split("==")
-    norm = re.sub(r"[-_.]+", "_", name).lower()
-    tag = None if python is None else "cp" + python.replace(".", "")
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
-    def cached():
-        for path in glob.glob(os.path.join(dest, "*.whl")):
-            base = os.path.basename(path)
-            parts = base[:-4].split("-")
-            if re.sub(r"[-_.]+", "_", parts[0]).lower() != norm or parts[1] != version:
-                continue
-            if tag is None and base.endswith("-none-any.whl"):
-                return path
-            if (
-                tag is not None
-                and "x86_64" in base
-                and (
-                    f"-{tag}-" in base
-                    or ("abi3" in base and int(parts[-3][2:] or 0) <= int(tag[2:]))
-                )
-            ):
-                return path
-        return None
 
-    found = cached()
-    if found:
-        return found
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--disable-pip-version-check",
-        "-q",
-        "--no-deps",
-        "--only-binary=:all:",
-        "-d",
-        dest,
-        spec,
-    ]
-    if tag is not None:
-        cmd += [
-            "--python-version",
-            python,
-            "--implementation",
-            "cp",
-            "--abi",
-            tag,
-            "--abi",
-            "abi3",
-            "--abi",
-            "none",
-        ]
-        for p in PLATFORMS:
-            cmd += ["--platform", p]
+def pins(names, constraints: str = CONSTRAINTS) -> list:
+    """``name==version`` for each of ``names``, the version from ``constraints``."""
+    pinned = {}
+    with open(constraints) as f:
+        for line in f:
+            m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", line)
+            if m:
+                pinned[_norm(m.group(1))] = m.group(2)
+    missing = [n for n in names if _norm(n) not in pinned]
+    if missing:
+        raise PackError(
+            f"{os.path.relpath(constraints, REPO)} pins no {', '.join(missing)}"
+        )
+    return [f"{n}=={pinned[_norm(n)]}" for n in names]
+
+
+def _box_tags(python: str) -> list:
+    """pip's options that select wheels for the box: CPython ``python``, manylinux x86_64."""
+    abi = "cp" + python.replace(".", "")
+    tags = ["--only-binary=:all:", "--python-version", python]
+    tags += ["--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none"]
+    for platform in PLATFORMS:
+        tags += ["--platform", platform]
+    return tags
+
+
+def _pip(args, what: str) -> None:
+    cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    found = cached()
-    if proc.returncode != 0 or not found:
-        last = (proc.stderr.strip().splitlines() or ["no wheel matched"])[-1]
-        raise PackError(
-            f"could not download {spec}{'' if tag is None else ' for ' + tag}: {last}"
-        )
-    return found
-
-
-def _sglang_wheel(cache: str) -> str:
-    found = sorted(glob.glob(os.path.join(cache, f"sglang-{SGLANG_VERSION}-*.whl")))
-    if found:
-        return found[0]
-    os.makedirs(cache, exist_ok=True)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--disable-pip-version-check",
-            "-q",
-            "--no-deps",
-            "-d",
-            cache,
-            f"sglang=={SGLANG_VERSION}",
-        ],
-        capture_output=True,
-        text=True,
-    )
-    found = sorted(glob.glob(os.path.join(cache, f"sglang-{SGLANG_VERSION}-*.whl")))
-    if proc.returncode != 0 or not found:
-        raise PackError(
-            f"no sglang {SGLANG_VERSION} wheel in {cache} and pip could not download it"
-        )
-    return found[0]
-
-
-def _extract(wheel: str, dest: str, skip=()) -> None:
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            if info.is_dir() or any(
-                fnmatch.fnmatch(info.filename, pat) for pat in skip
-            ):
-                continue
-            z.extract(info, dest)
-
-
-def _series_patches():
-    with open(os.path.join(REPO, "patches", "series")) as f:
-        return [ln.strip() for ln in f if ln.strip() and not ln.strip().startswith("#")]
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        raise PackError(f"{what}: {(lines or ['pip failed'])[-1].strip()}")
 
 
 def fetch(python: str, wheel_cache: str, sglang_cache: str) -> None:
-    """Every wheel the archive takes, in the caches (downloaded once)."""
-    _sglang_wheel(sglang_cache)
+    """Every wheel the archive takes, in the caches (pip downloads only what is missing)."""
+    specs = pins(PURE + FALLBACK + COMPILED)
+    sglang = f"sglang=={SGLANG_VERSION}"
     os.makedirs(wheel_cache, exist_ok=True)
-    for spec in PURE + FALLBACK:
-        _pip_download(spec, wheel_cache, None)
-    for spec in COMPILED:
-        _pip_download(spec, wheel_cache, python)
+    os.makedirs(sglang_cache, exist_ok=True)
+    for cache, tags, want in (
+        (sglang_cache, [], [sglang]),  # for this Python: only its .py files are packed
+        (wheel_cache, _box_tags(python), specs),
+    ):
+        base = ["download", "--no-deps", "-d", cache, *tags, *want]
+        try:  # offline first: everything already there
+            _pip(base + ["--no-index", "--find-links", cache], "")
+        except PackError:
+            what = want[0] if len(want) == 1 else f"{len(want)} wheels"
+            _pip(base, f"could not download {what} into {cache}")
+
+
+def _install(target: str, specs, cache: str, tags) -> None:
+    args = ["install", "--no-index", "--find-links", cache, "--no-deps"]
+    args += ["--no-compile", "--target", target, *tags, *specs]
+    what = specs[0] if len(specs) == 1 else f"{len(specs)} distributions"
+    _pip(args, f"pip could not install {what} from {cache} into {target}")
+    shutil.rmtree(os.path.join(target, "bin"), ignore_errors=True)  # console scripts
 
 
 def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
     """Fill ``work`` with the archive's tree; return the manifest."""
+    fetch(python, wheel_cache, sglang_cache)
+    pure, fallback, compiled = pins(PURE), pins(FALLBACK), pins(COMPILED)
+    tag, box = "cp" + python.replace(".", ""), _box_tags(python)
     site = os.path.join(work, "site")
-    os.makedirs(site)
-    sglang_wheel = _sglang_wheel(sglang_cache)
-    _extract(sglang_wheel, site, SGLANG_SKIP)
+    _install(site, [f"sglang=={SGLANG_VERSION}"], sglang_cache, [])
+    for folder in SGLANG_SKIP[:-1]:
+        shutil.rmtree(os.path.join(site, folder))
+    for path in glob.glob(os.path.join(site, "sglang", "**", "*.so"), recursive=True):
+        os.remove(path)
+    _install(site, pure, wheel_cache, box)
+    _install(os.path.join(work, "fallback"), fallback, wheel_cache, box)
+    _install(os.path.join(work, f"site-{tag}"), compiled, wheel_cache, box)
+
+    series = [sys.executable, os.path.join(REPO, "scripts", "series.py")]
     proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(REPO, "scripts", "series.py"),
-            "apply",
-            "--target",
-            site,
-        ],
-        capture_output=True,
-        text=True,
+        series + ["apply", "--target", site], capture_output=True, text=True
     )
     if proc.returncode != 0:
-        last = (
-            proc.stderr.strip().splitlines()
-            or proc.stdout.strip().splitlines()
-            or ["failed"]
-        )[-1]
+        last = (proc.stderr + proc.stdout).strip().splitlines() or ["failed"]
         raise PackError(
-            f"the series does not apply to the sglang {SGLANG_VERSION} wheel: {last}"
+            f"the series does not apply to the sglang {SGLANG_VERSION} wheel: {last[-1]}"
         )
     fork = os.path.join(site, "sglang", ".fork-series")
     with open(os.path.join(fork, "stamp.json")) as f:
@@ -305,19 +249,6 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
         if entry != "stamp.json":
             path = os.path.join(fork, entry)
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-
-    os.makedirs(wheel_cache, exist_ok=True)
-    for spec in PURE:
-        _extract(_pip_download(spec, wheel_cache, None), site)
-    fallback = os.path.join(work, "fallback")
-    os.makedirs(fallback)
-    for spec in FALLBACK:
-        _extract(_pip_download(spec, wheel_cache, None), fallback)
-    tag = "cp" + python.replace(".", "")
-    compiled = os.path.join(work, f"site-{tag}")
-    os.makedirs(compiled)
-    for spec in COMPILED:
-        _extract(_pip_download(spec, wheel_cache, python), compiled)
 
     for rel, source in SCRIPT_FILES.items():
         dest = os.path.join(work, "scripts", rel)
@@ -328,15 +259,12 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
     shutil.copyfile(runner, os.path.join(work, "run_gpu_check.py"))
 
     manifest = dict(
-        sglang=dict(
-            version=SGLANG_VERSION,
-            wheel=os.path.basename(sglang_wheel),
-            skipped=SGLANG_SKIP,
-        ),
+        sglang=dict(version=SGLANG_VERSION, skipped=SGLANG_SKIP),
         series=dict(hash=stamp.get("series_hash"), patches=stamp.get("patches")),
-        pure=PURE,
-        fallback=FALLBACK,
-        compiled=COMPILED,
+        pins=os.path.relpath(CONSTRAINTS, REPO),
+        pure=pure,
+        fallback=fallback,
+        compiled=compiled,
         compiled_python=tag,
         standins=STANDINS,
         scripts=list(SCRIPT_FILES),
@@ -347,21 +275,19 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
 
 
 def write_zip(work: str, out: str, max_mib: float) -> int:
-    """Zip ``work`` into ``out`` via a temporary file; return its size."""
+    """Zip ``work`` (a zip application) into ``out`` via a temporary file; return its size."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fd, tmp = tempfile.mkstemp(
         prefix=".pack-", suffix=".pyz", dir=os.path.dirname(os.path.abspath(out))
     )
     os.close(fd)
     try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
-            for dirpath, dirnames, filenames in os.walk(work):
-                dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-                for name in sorted(filenames):
-                    if name.endswith(".pyc"):
-                        continue
-                    path = os.path.join(dirpath, name)
-                    z.write(path, os.path.relpath(path, work))
+        zipapp.create_archive(
+            work,
+            tmp,
+            compressed=True,
+            filter=lambda p: "__pycache__" not in p.parts and p.suffix != ".pyc",
+        )
         size = os.path.getsize(tmp)
         if size > max_mib * 2**20:
             raise PackError(
@@ -413,15 +339,11 @@ def main(argv=None) -> int:
         p.error(f"--python must look like 3.12, not {args.python!r}")
     if args.max_mib <= 0:
         p.error("--max-mib must be positive")
-    if args.fetch_only:
-        try:
-            fetch(args.python, args.wheel_cache, args.sglang_cache)
-        except PackError as e:
-            print(f"pack_gpu_check.py: error: {e}", file=sys.stderr)
-            return 2
-        return 0
     work = tempfile.mkdtemp(prefix="pack-gpu-check-")
     try:
+        if args.fetch_only:
+            fetch(args.python, args.wheel_cache, args.sglang_cache)
+            return 0
         manifest = stage(work, args.python, args.wheel_cache, args.sglang_cache)
         size = write_zip(work, args.out, args.max_mib)
     except PackError as e:
@@ -429,7 +351,8 @@ def main(argv=None) -> int:
         return 2
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    digest = hashlib.sha256(open(args.out, "rb").read()).hexdigest()
+    with open(args.out, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
     print(
         f"wrote {args.out}: {size / 2**20:.1f} MiB, sha256 {digest[:16]}, series {manifest['series']['hash'][:12]} "
         f"({len(manifest['series']['patches'])} patches), compiled wheels for {manifest['compiled_python']}"

@@ -16,10 +16,11 @@ torch.compile need one) it passes ``sdpa`` and sets TORCHDYNAMO_DISABLE=1.
 What the archive holds (``manifest.json`` lists it):
 
 * ``site/``: SGLang 0.5.23's Python sources with the fork's series applied
-  (no compiled extension of the wheel) and the pure-Python wheels the check's
-  imports need, unpacked with their metadata;
-* ``site-cpXY/``: the few compiled wheels the check uses, for one Python
-  (``--python`` of the packer); used only when this interpreter matches;
+  (no compiled extension of the wheel) and the pure-Python distributions the
+  check's imports need, installed by pip at pack time (``pip install
+  --target``, so the box needs no pip), each with its metadata;
+* ``site-cpXY/``: the few compiled distributions the check uses, for one
+  Python (``--python`` of the packer); used only when this interpreter matches;
 * ``scripts/``: gpu_vit_check.py and the cpu_support modules it imports.
 
 STAND-INS. SGLang imports, at module level, packages that this check never
@@ -455,8 +456,7 @@ def _unpack(archive: str, workdir: str) -> str:
         return dest
     os.makedirs(workdir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".unpack-", dir=workdir)
-    with zipfile.ZipFile(archive) as z:
-        z.extractall(tmp)
+    shutil.unpack_archive(archive, tmp, "zip")
     try:
         os.rename(tmp, dest)
     except OSError:  # another run unpacked it meanwhile

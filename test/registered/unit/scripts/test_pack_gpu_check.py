@@ -26,6 +26,7 @@ register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
 import importlib.metadata as md
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,6 +49,10 @@ REPO = Path(__file__).resolve().parents[4]
 GPU_CHECK = REPO / "benchmark" / "gpu_check"
 PACK = GPU_CHECK / "pack_gpu_check.py"
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _torch_only_dir(dest: Path) -> Path:
@@ -110,6 +115,20 @@ def test_archive_is_one_file_under_64_mib_with_the_current_series(archive):
         n for n in names if n.endswith(".so") and not n.startswith(compiled_dir)
     ]
     assert "site/sglang/srt/managers/mm_schedule.py" in names
+    # Every packed distribution at the venv's pin in requirements/constraints.txt,
+    # installed by pip with its metadata.
+    pins = {}
+    for line in (REPO / "requirements" / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[_norm(name)] = version
+    packed = manifest["pure"] + manifest["fallback"] + manifest["compiled"]
+    assert manifest["pins"] == "requirements/constraints.txt" and len(packed) > 30
+    for spec in packed:
+        name, version = spec.split("==")
+        assert pins[_norm(name)] == version, spec
+        dist_info = f"{_norm(name).replace('-', '_')}-{version}.dist-info/metadata"
+        assert [n for n in names if n.lower().endswith(dist_info)], spec
 
 
 @pytest.fixture(scope="module")
@@ -572,3 +591,41 @@ def test_bad_input_is_one_line_and_leaves_no_file(tmp_path, bad, message):
     assert proc.returncode == 2
     assert message in proc.stderr.strip().splitlines()[-1], proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_pins_come_from_the_constraints_file_and_name_what_is_missing(tmp_path):
+    """The archive's versions are the lines of requirements/constraints.txt; a
+    name that file does not pin stops the pack with one line naming it."""
+    import pack_gpu_check as P
+
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(
+        "# header\nPyYAML==6.0.4\ntyping-extensions==4.16.0  # why\n"
+    )
+    assert P.pins(["pyyaml", "typing_extensions"], str(constraints)) == [
+        "pyyaml==6.0.4",
+        "typing_extensions==4.16.0",
+    ]
+    with pytest.raises(P.PackError, match="pins no numpy, loguru"):
+        P.pins(["PyYAML", "numpy", "loguru"], str(constraints))
+
+
+def test_fetch_only_needs_no_index_once_the_wheels_are_there(tmp_path):
+    """make setup's ``--fetch-only`` left every wheel in the caches: the same
+    call with pip's index switched off succeeds; into an empty cache it fails
+    with one line, leaving nothing there."""
+    env = dict(os.environ, PIP_NO_INDEX="1", PIP_FIND_LINKS=str(tmp_path / "none"))
+    fetch = [sys.executable, str(PACK), "--fetch-only", "--python", PY]
+    proc = subprocess.run(fetch, cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    empty = tmp_path / "empty"
+    proc = subprocess.run(
+        fetch + ["--wheel-cache", str(empty)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith("pack_gpu_check.py: error: could not download ")
+    assert list(empty.iterdir()) == []
