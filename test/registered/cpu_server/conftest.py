@@ -23,7 +23,6 @@ import os
 import urllib.request
 
 import pytest
-
 from cpu_support.server.cpu_server import scheduler_titles
 
 BURSTS, PROMPTS, IMAGES = 2, 2, 2
