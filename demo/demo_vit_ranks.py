@@ -25,6 +25,7 @@ import time
 # The repository root, for cpu_support.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from cpu_support.bench.vit_bench_util import markdown_table  # noqa: E402
 from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
 
 VISION = dict(
@@ -96,14 +97,25 @@ def format_table(rows, requests, image, repeats) -> str:
         f"DP encoder on 2 gloo ranks (CPU), ROCm simulated, {requests} single-image "
         f"requests of {image}x{image}, vision step median of {repeats}",
         "",
-        "| path | encoder calls (rank 0 / rank 1) | images (rank 0 / rank 1) | vision step median (ms) |",
-        "|---|---|---|---|",
+        markdown_table(
+            [
+                "path",
+                "encoder calls (rank 0 / rank 1)",
+                "images (rank 0 / rank 1)",
+                "vision step median (ms)",
+            ],
+            [
+                [
+                    r["path"],
+                    f"{r['calls'][0]} / {r['calls'][1]}",
+                    f"{r['images'][0]} / {r['images'][1]}",
+                    f"{r['median_ms']:.1f}",
+                ]
+                for r in rows
+            ],
+            align="llll",
+        ),
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['path']} | {r['calls'][0]} / {r['calls'][1]} | "
-            f"{r['images'][0]} / {r['images'][1]} | {r['median_ms']:.1f} |"
-        )
     return "\n".join(lines)
 
 

@@ -37,6 +37,13 @@ mixed sizes through SGLang's real prefill-step function
    ran eagerly, the step time on and off, and the largest difference between
    them. CUDA only; on the CPU the section says it was skipped and why.
 
+After the process-level warm-up (the check's "ready"), each section records
+what it compiled (``built_after_ready`` in the JSON, one line under each
+section's table, and a column per burst of section 5): Dynamo graphs (torch's
+``unique_graphs`` counter) and the entries the Triton and Inductor cache
+folders gained (TRITON_CACHE_DIR / TORCHINDUCTOR_CACHE_DIR, else their
+default folders; ``vit_bench_util.new_cache_entries``).
+
 With ``--out``, every section writes ``NN-<name>.json`` and ``NN-<name>.md``
 there as soon as it ends, and ``gpu_vit_check.json`` / ``.md`` are rewritten
 with every finished section (``"complete": false`` until the last one). On
@@ -63,7 +70,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -143,12 +149,6 @@ def _prepare_process(device: str) -> None:
     prepare_cpu_process()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def make_config(vision: dict):
     """The Qwen3-VL config with ``vision`` and a one-layer text part, written to a folder."""
     from sglang.srt.configs.qwen3_vl import Qwen3VLConfig
@@ -204,7 +204,7 @@ def init_ranks(
     init_distributed_environment(
         world_size=tp_size,
         rank=rank,
-        distributed_init_method=init_method or f"tcp://127.0.0.1:{_free_port()}",
+        distributed_init_method=init_method or f"tcp://127.0.0.1:{U.free_port()}",
         local_rank=local_rank,
         backend="nccl" if device == "cuda" else "gloo",
     )
@@ -530,7 +530,7 @@ def graph_bursts(args, config):
     return bursts
 
 
-def graph_rows(model, config, dev, args):
+def graph_rows(model, config, dev, args, after_burst=None):
     """Section 5: batched steps with SGLang's ViT CUDA graphs on and off.
 
     ``SGLANG_VIT_ENABLE_CUDA_GRAPH`` is read by SGLang at every tower call
@@ -538,7 +538,8 @@ def graph_rows(model, config, dev, args):
     steps only. Each burst is one prefill step split into calls of at most
     GRAPH_BURST_CALL_PATCHES patches; per burst: the calls that captured a
     graph, replayed one or ran eagerly, and the step's time with the graph on
-    and then off.
+    and then off. ``after_burst`` (e.g. ``KernelBuilds.take``), called after
+    each burst, gives the row's ``built``: what that burst compiled.
     """
     if dev.name != "cuda":
         return {"skipped": "CUDA graphs need a GPU (--device cuda)", "rows": []}
@@ -551,6 +552,8 @@ def graph_rows(model, config, dev, args):
             rows.append(_graph_burst(model, requests, dev, envs, name))
             # Nothing is freed: the graphs kept are every capture so far.
             rows[-1]["graphs_total"] = sum(row["captures"] for row in rows)
+            if after_burst is not None:
+                rows[-1]["built"] = after_burst()
     except Exception as e:  # noqa: BLE001 - recorded: the first GPU run must show why
         import traceback
 
@@ -597,6 +600,73 @@ def _graph_burst(model, requests, dev, envs, name):
 
 
 # The check's sections, in the order they run: (report key, title).
+def compile_cache_dirs() -> dict:
+    """This process's Triton and Inductor cache folders: TRITON_CACHE_DIR and
+    TORCHINDUCTOR_CACHE_DIR when set, else where Triton (``knobs.cache.dir``;
+    ``~/.triton/cache`` without Triton) and Inductor (its default folder) put
+    them."""
+    triton_dir = os.environ.get("TRITON_CACHE_DIR")
+    if not triton_dir:
+        try:
+            from triton import knobs
+
+            triton_dir = knobs.cache.dir
+        except Exception:  # noqa: BLE001 - no Triton, or one without knobs
+            triton_dir = os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    inductor_dir = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not inductor_dir:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        inductor_dir = default_cache_dir()
+    return {"triton": triton_dir, "inductor": inductor_dir}
+
+
+class KernelBuilds:
+    """What the check compiled after it was ready (model built and warmed up):
+    Dynamo graphs (torch's ``unique_graphs`` counter, every first compile and
+    recompile of this process) and the entries the Triton and Inductor cache
+    folders gained (``vit_bench_util.new_cache_entries``), since the last
+    ``take``."""
+
+    def __init__(self, dirs: Optional[dict] = None):
+        self.dirs = dirs if dirs is not None else compile_cache_dirs()
+        self.at_ready = U.cache_snapshot(self.dirs)
+        self._last = self.at_ready
+        self._graphs = self.at_ready_graphs = self._dynamo_graphs()
+
+    @staticmethod
+    def _dynamo_graphs() -> int:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+
+    def take(self) -> dict:
+        now, graphs = U.cache_snapshot(self.dirs), self._dynamo_graphs()
+        out = {
+            "dynamo_graphs": graphs - self._graphs,
+            "cache_entries": U.new_cache_entries(self._last, now),
+        }
+        self._last, self._graphs = now, graphs
+        return out
+
+    def summary(self) -> dict:
+        """For the report: the folders and their entry counts at ready."""
+        return {
+            "dirs": self.dirs,
+            "entries_at_ready": {k: len(v) for k, v in self.at_ready.items()},
+            "sections": {},
+        }
+
+
+def fmt_built(b: Optional[dict]) -> str:
+    """``Dynamo graphs 0; Triton 0 / Inductor 0`` (a table cell)."""
+    if not b:
+        return "not counted"
+    return f"Dynamo graphs {b['dynamo_graphs']}; " + U.fmt_cache_entries(
+        b["cache_entries"]
+    )
+
+
 SECTIONS = [
     ("steps", "per-request vs batched vision step"),
     ("caps", "batched step vs --mm-max-encoder-patches-per-call"),
@@ -724,6 +794,12 @@ def run(args, files: Optional[SectionFiles] = None):
             seed=99,
         )
         timed_step(model, warm, dev)
+        # Ready: built and warmed up. What each section compiles from here.
+        builds = KernelBuilds()
+        report["built_after_ready"] = builds.summary()
+
+        def built(name: str) -> None:
+            report["built_after_ready"]["sections"][name] = builds.take()
 
         # 1. per-request vs batched, first (unseen shapes) vs warmed
         modes = []
@@ -743,6 +819,7 @@ def run(args, files: Optional[SectionFiles] = None):
                 )
             )
         report["steps"] = modes
+        built("steps")
         files.section_done("steps", report)
 
         # 2. peak memory and time vs cap (batched step)
@@ -765,6 +842,7 @@ def run(args, files: Optional[SectionFiles] = None):
                 )
             )
         report["caps"] = caps
+        built("caps")
         files.section_done("caps", report)
 
         # 3. batched vs alone, deterministic inference off and on
@@ -791,6 +869,7 @@ def run(args, files: Optional[SectionFiles] = None):
         report["deterministic_bitwise_ok"] = all(
             d["bitwise"] for d in diffs if d["deterministic"]
         )
+        built("diffs")
         files.section_done("diffs", report)
 
         # 4. The SDPA vision backend: per-layer launches with distinct sizes in one call
@@ -810,10 +889,12 @@ def run(args, files: Optional[SectionFiles] = None):
             models.append((backend.split(" ")[0], model))
         report["sdpa"] = sdpa_rows(models, config, dev, args)
         del models
+        built("sdpa")
         files.section_done("sdpa", report)
 
         # 5. ViT CUDA graphs on
-        report["graphs"] = graph_rows(model, config, dev, args)
+        report["graphs"] = graph_rows(model, config, dev, args, builds.take)
+        built("graphs")
         files.section_done("graphs", report)
     report["total_s"] = time.perf_counter() - t_start
     report["complete"] = True
@@ -849,7 +930,15 @@ def header_markdown(r) -> str:
 
 
 def section_markdown(name: str, r) -> str:
-    """One section's title and table."""
+    """One section's title and table, and what it compiled after ready."""
+    text = _section_table(name, r)
+    b = (r.get("built_after_ready") or {}).get("sections", {}).get(name)
+    if b is not None:
+        text += f"\n\nCompiled in this section (after ready): {fmt_built(b)}."
+    return text
+
+
+def _section_table(name: str, r) -> str:
     if name == "steps":
         return "\n".join(
             [
@@ -990,6 +1079,7 @@ def section_markdown(name: str, r) -> str:
                         "graph off (ms)",
                         "graphs kept",
                         "max abs diff on vs off",
+                        "compiled in the burst",
                     ],
                     [
                         [
@@ -1002,6 +1092,7 @@ def section_markdown(name: str, r) -> str:
                             f"{x['graph_off_ms']:.1f}",
                             x["graphs_total"],
                             f"{x['max_abs_diff_on_vs_off']:.3g}",
+                            fmt_built(x.get("built")),
                         ]
                         for x in g["rows"]
                     ],

@@ -73,6 +73,7 @@ for path in (ROOT, HERE):  # cpu_support, and bench_image_burst beside this file
         sys.path.insert(0, path)
 
 import bench_image_burst as B  # noqa: E402
+from cpu_support.bench import vit_bench_util as U  # noqa: E402
 from cpu_support.server.cpu_server import (  # noqa: E402
     CpuServer,
     ServerFailed,
@@ -138,6 +139,7 @@ def aggregate(runs: List[dict], labels: Sequence[str]) -> List[dict]:
                     "compiles_total": spread(
                         [sum(c.values()) if c is not None else None for c in compiles]
                     ),
+                    "cache_entries": [s.get("cache_entries") for s in stats],
                 }
             )
     return rows
@@ -148,22 +150,45 @@ def _fmt_per_run(values: List, fmt) -> str:
     return shown[0] if len(set(shown)) == 1 else "; ".join(shown)
 
 
+def _fmt_cache_counts(counts: Optional[dict]) -> str:
+    """Kernel cache entries without the entry names (those stay in ab.json)."""
+    return U.fmt_cache_entries(counts)
+
+
 def table(rows: List[dict], ready: Dict[str, dict]) -> str:
-    out = [
-        "| Build | Burst | Mean TTFT (ms) | P99 TTFT (ms) | Output tok/s | Images per rank "
-        "| Encoder calls | Images per call (mean / max) | Compiles after ready | Completed / failed |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    headers = [
+        "Build",
+        "Burst",
+        "Mean TTFT (ms)",
+        "P99 TTFT (ms)",
+        "Output tok/s",
+        "Images per rank",
+        "Encoder calls",
+        "Images per call (mean / max)",
+        "Compiles after ready",
+        "Completed / failed",
+        "Kernel cache entries after ready",
     ]
-    for r in rows:
-        out.append(
-            f"| {r['build']} | {r['burst']} | {fmt_spread(r['mean_ttft_ms'])} | "
-            f"{fmt_spread(r['p99_ttft_ms'])} | {fmt_spread(r['output_tok_s'])} | "
-            f"{_fmt_per_run(r['images_per_rank'], B.fmt_images)} | "
-            f"{_fmt_per_run(r['encoder'], lambda e: B.fmt_encoder(e)[0])} | "
-            f"{_fmt_per_run(r['encoder'], lambda e: B.fmt_encoder(e)[1])} | "
-            f"{_fmt_per_run(r['compiles_per_rank'], B.fmt_compiles)} | "
-            f"{r['completed']} / {r['failed']} |"
-        )
+    out = U.markdown_table(
+        headers,
+        [
+            [
+                r["build"],
+                r["burst"],
+                fmt_spread(r["mean_ttft_ms"]),
+                fmt_spread(r["p99_ttft_ms"]),
+                fmt_spread(r["output_tok_s"]),
+                _fmt_per_run(r["images_per_rank"], B.fmt_images),
+                _fmt_per_run(r["encoder"], lambda e: B.fmt_encoder(e)[0]),
+                _fmt_per_run(r["encoder"], lambda e: B.fmt_encoder(e)[1]),
+                _fmt_per_run(r["compiles_per_rank"], B.fmt_compiles),
+                f"{r['completed']} / {r['failed']}",
+                _fmt_per_run(r.get("cache_entries") or [None], _fmt_cache_counts),
+            ]
+            for r in rows
+        ],
+        align="l" * len(headers),
+    ).split("\n")
     out.append("")
     out.append(
         "Medians across runs, (min–max) when there are several; per-run values "
@@ -210,25 +235,41 @@ def aggregate_mixed(runs: List[dict], labels: Sequence[str]) -> List[dict]:
 
 
 def mixed_table(rows: List[dict], ready: Dict[str, dict]) -> str:
-    out = [
-        "| Build | Bursts/min | Requests/s | Mean TTFT (ms) | P99 TTFT (ms) | Bursts served "
-        "| Failed (good) | Bad rejected | Encoder calls | Images per call (mean / max) "
-        "| Load average (1 min, start → end) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+    headers = [
+        "Build",
+        "Bursts/min",
+        "Requests/s",
+        "Mean TTFT (ms)",
+        "P99 TTFT (ms)",
+        "Bursts served",
+        "Failed (good)",
+        "Bad rejected",
+        "Encoder calls",
+        "Images per call (mean / max)",
+        "Load average (1 min, start → end)",
     ]
+    table_rows = []
     for r in rows:
         served = "; ".join(f"{a}/{b}" for a, b in zip(r["bursts_served"], r["bursts"]))
         load = "; ".join(
             "n/a" if la is None else f"{la[0]:.1f} → {la[1]:.1f}" for la in r["loadavg"]
         )
-        out.append(
-            f"| {r['build']} | {fmt_spread(r['bursts_per_min'])} | "
-            f"{fmt_spread(r['requests_per_s'], 2)} | {fmt_spread(r['mean_ttft_ms'])} | "
-            f"{fmt_spread(r['p99_ttft_ms'])} | {served} | {r['failed']} | "
-            f"{r['bad_rejected']}/{r['bad_requests']} | "
-            f"{_fmt_per_run(r['encoder'], lambda e: B.fmt_encoder(e)[0])} | "
-            f"{_fmt_per_run(r['encoder'], lambda e: B.fmt_encoder(e)[1])} | {load} |"
+        table_rows.append(
+            [
+                r["build"],
+                fmt_spread(r["bursts_per_min"]),
+                fmt_spread(r["requests_per_s"], 2),
+                fmt_spread(r["mean_ttft_ms"]),
+                fmt_spread(r["p99_ttft_ms"]),
+                served,
+                r["failed"],
+                f"{r['bad_rejected']}/{r['bad_requests']}",
+                _fmt_per_run(r["encoder"], lambda e: B.fmt_encoder(e)[0]),
+                _fmt_per_run(r["encoder"], lambda e: B.fmt_encoder(e)[1]),
+                load,
+            ]
         )
+    out = U.markdown_table(headers, table_rows, align="l" * len(headers)).split("\n")
     out.append("")
     out.append(
         "Medians across runs, (min–max) when there are several; per-run values "
@@ -522,8 +563,19 @@ def write_json_atomic(path: str, data: dict) -> None:
 # Cold launches: fresh compile caches per launch, ready timeout from launches
 # ---------------------------------------------------------------------------
 
-# Compile caches SGLang's servers write: torch.compile (Inductor) and Triton.
+# Compile caches SGLang's servers write: torch.compile (Inductor) and Triton;
+# each launch gets them empty, and the bursts count the entries added after
+# ready (bench_image_burst.run_bursts, compile_caches).
 CACHE_VARS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+# Kernel caches of ROCm libraries a server may use, each launch its own empty
+# folder too (not counted per burst): TileLang's kernel cache, MIOpen's user
+# performance database and its compiled-kernel cache. Empty folders: nothing
+# an earlier launch built is reused.
+ROCM_CACHE_VARS = (
+    "TILELANG_CACHE_DIR",
+    "MIOPEN_USER_DB_PATH",
+    "MIOPEN_CUSTOM_CACHE_DIR",
+)
 # aiter reads AITER_JIT_DIR (newer releases) or JIT_WORKSPACE_DIR (older ones).
 AITER_VARS = ("AITER_JIT_DIR", "JIT_WORKSPACE_DIR")
 FIRST_READY_TIMEOUT_S = 1800.0
@@ -570,7 +622,7 @@ def fresh_caches(args, tag: str) -> dict:
     if os.path.exists(root):
         shutil.rmtree(root)
     env = {}
-    for var in CACHE_VARS:
+    for var in CACHE_VARS + (() if args.cpu else ROCM_CACHE_VARS):
         env[var] = os.path.join(root, var.lower())
         os.makedirs(env[var])
     if args.aiter_jit_dir:
@@ -752,6 +804,10 @@ def run_ab(args, builds: List[dict], echo=print, command: str = "") -> dict:
                         memory=memory,
                         unseen_sizes=args.unseen_sizes,
                         unseen_output_len=args.unseen_output_len,
+                        compile_caches={
+                            "triton": caches["env"]["TRITON_CACHE_DIR"],
+                            "inductor": caches["env"]["TORCHINDUCTOR_CACHE_DIR"],
+                        },
                     )
             finally:
                 left = srv.stop()
@@ -842,9 +898,16 @@ def _launch_lines(ab: dict) -> List[str]:
     cold = [r for r in with_caches if r["caches"]["cold"]]
     root = os.path.dirname(with_caches[0]["caches"]["root"])
     aiter = with_caches[0]["caches"].get("aiter_jit")
+    caches_env = with_caches[0]["caches"]["env"]
     lines = [
         f"- compile caches: {len(cold)} of {len(with_caches)} launches cold (each its own empty "
-        f"TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR under {root})"
+        f"TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR under {root}"
+        + (
+            ", and " + ", ".join(v for v in ROCM_CACHE_VARS if v in caches_env)
+            if any(v in caches_env for v in ROCM_CACHE_VARS)
+            else ""
+        )
+        + ")"
         + (f"; aiter JIT: {aiter}" if aiter else "")
     ]
     timeouts = sorted({round(r["ready_timeout_s"]) for r in with_caches})
@@ -988,9 +1051,6 @@ def beside_tables(ab: dict, labels: Sequence[str]) -> List[str]:
             'duration back from its exit, + 2 s); "whole stream": from before bench_serving\'s '
             "start-up to its exit:",
             "",
-            "| Build | Burst | Beside images: mean TTFT (ms) | P50 (ms) | P99 (ms) | completed / failed "
-            "| Whole stream: mean TTFT (ms) | P99 (ms) | completed / failed |",
-            "|---|---|---|---|---|---|---|---|---|",
         ]
         none = {
             "mean_ttft_ms": None,
@@ -999,6 +1059,7 @@ def beside_tables(ab: dict, labels: Sequence[str]) -> List[str]:
             "completed": 0,
             "failed": 0,
         }
+        table_rows = []
         for label in labels:
             mine = [r for r in stream if r["build"] == label]
             for k in range(max((len(r["result"]["bursts"]) for r in mine), default=0)):
@@ -1008,15 +1069,35 @@ def beside_tables(ab: dict, labels: Sequence[str]) -> List[str]:
                     if k < len(r["result"]["bursts"])
                 ]
                 ws = [t.get("in_window") or none for t in ts]
-                out.append(
-                    f"| {label} | {k + 1} | {fmt_spread(spread([t['mean_ttft_ms'] for t in ws]))} | "
-                    f"{fmt_spread(spread([t['p50_ttft_ms'] for t in ws]))} | "
-                    f"{fmt_spread(spread([t['p99_ttft_ms'] for t in ws]))} | "
-                    f"{sum(t['completed'] for t in ws)} / {sum(t['failed'] for t in ws)} | "
-                    f"{fmt_spread(spread([t['mean_ttft_ms'] for t in ts]))} | "
-                    f"{fmt_spread(spread([t['p99_ttft_ms'] for t in ts]))} | "
-                    f"{sum(t['completed'] for t in ts)} / {sum(t['failed'] for t in ts)} |"
+                table_rows.append(
+                    [label, k + 1]
+                    + [
+                        fmt_spread(spread([t[key] for t in ws]))
+                        for key in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms")
+                    ]
+                    + [
+                        f"{sum(t['completed'] for t in ws)} / {sum(t['failed'] for t in ws)}"
+                    ]
+                    + [
+                        fmt_spread(spread([t[key] for t in ts]))
+                        for key in ("mean_ttft_ms", "p99_ttft_ms")
+                    ]
+                    + [
+                        f"{sum(t['completed'] for t in ts)} / {sum(t['failed'] for t in ts)}"
+                    ]
                 )
+        headers = [
+            "Build",
+            "Burst",
+            "Beside images: mean TTFT (ms)",
+            "P50 (ms)",
+            "P99 (ms)",
+            "completed / failed",
+            "Whole stream: mean TTFT (ms)",
+            "P99 (ms)",
+            "completed / failed",
+        ]
+        out.append(U.markdown_table(headers, table_rows, align="l" * len(headers)))
     unseen = [r for r in runs if r["result"].get("unseen_sizes")]
     if unseen:
         out += [
@@ -1024,22 +1105,42 @@ def beside_tables(ab: dict, labels: Sequence[str]) -> List[str]:
             "Image sizes no warm-up used, after the bursts (first request of each size vs a second "
             "fresh image of that size; medians across runs, (min–max); compiles per run):",
             "",
-            "| Build | Size (HxW) | First TTFT (ms) | Repeat TTFT (ms) | Extra TTFT of the first (ms) "
-            "| Compiles after the first | Compiles after the repeat |",
-            "|---|---|---|---|---|---|---|",
         ]
+        table_rows = []
         for label in labels:
             mine = [r["result"]["unseen_sizes"] for r in unseen if r["build"] == label]
             for i in range(max((len(m) for m in mine), default=0)):
                 rows = [m[i] for m in mine if i < len(m)]
-                out.append(
-                    f"| {label} | {rows[0]['height']}x{rows[0]['width']} | "
-                    f"{fmt_spread(spread([x['first_ttft_ms'] for x in rows]))} | "
-                    f"{fmt_spread(spread([x['repeat_ttft_ms'] for x in rows]))} | "
-                    f"{fmt_spread(spread([x['extra_ttft_ms'] for x in rows]))} | "
-                    f"{_fmt_per_run([x['first_compiles'] for x in rows], B.fmt_compiles)} | "
-                    f"{_fmt_per_run([x['repeat_compiles'] for x in rows], B.fmt_compiles)} |"
+                table_rows.append(
+                    [label, f"{rows[0]['height']}x{rows[0]['width']}"]
+                    + [
+                        fmt_spread(spread([x[key] for x in rows]))
+                        for key in ("first_ttft_ms", "repeat_ttft_ms", "extra_ttft_ms")
+                    ]
+                    + [
+                        _fmt_per_run([x[f"{w}_compiles"] for x in rows], B.fmt_compiles)
+                        for w in ("first", "repeat")
+                    ]
+                    + [
+                        _fmt_per_run(
+                            [x.get(f"{w}_cache_entries") for x in rows],
+                            _fmt_cache_counts,
+                        )
+                        for w in ("first", "repeat")
+                    ]
                 )
+        headers = [
+            "Build",
+            "Size (HxW)",
+            "First TTFT (ms)",
+            "Repeat TTFT (ms)",
+            "Extra TTFT of the first (ms)",
+            "Compiles after the first",
+            "Compiles after the repeat",
+            "Kernel cache entries after the first",
+            "Kernel cache entries after the repeat",
+        ]
+        out.append(U.markdown_table(headers, table_rows, align="l" * len(headers)))
     mem = [
         r for r in runs if any(b["stats"].get("memory") for b in r["result"]["bursts"])
     ]
@@ -1049,9 +1150,8 @@ def beside_tables(ab: dict, labels: Sequence[str]) -> List[str]:
             "Peak memory per rank per burst (MiB; medians across runs, (min–max)): scheduler peak "
             "RSS on the CPU, the largest used memory per GPU seen by the smi tool on a GPU:",
             "",
-            "| Build | Burst | Per rank / GPU |",
-            "|---|---|---|",
         ]
+        table_rows = []
         for label in labels:
             mine = [r for r in mem if r["build"] == label]
             for k in range(max((len(r["result"]["bursts"]) for r in mine), default=0)):
@@ -1071,7 +1171,10 @@ def beside_tables(ab: dict, labels: Sequence[str]) -> List[str]:
                     f"{key}: {fmt_spread(spread(v), 0)}"
                     for key, v in sorted(per.items())
                 )
-                out.append(f"| {label} | {k + 1} | {cells or 'n/a'} |")
+                table_rows.append([label, k + 1, cells or "n/a"])
+        out.append(
+            U.markdown_table(["Build", "Burst", "Per rank / GPU"], table_rows, "lll")
+        )
     return out
 
 

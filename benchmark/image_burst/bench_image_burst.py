@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""Image bursts against ONE running SGLang server, through sglang.bench_serving.
+"""Image bursts against ONE running SGLang server, through sglang's bench_serving.
 
 The seed's experiment (shared/seeds/001_*): optionally a text-only warm-up
 burst (so only the vision tower is cold), then K image bursts, each a
-``python -m sglang.bench_serving --backend sglang-oai-chat --dataset-name
+``python -m sglang.benchmark.serving --backend sglang-oai-chat --dataset-name
 image`` run. Defaults are the seed's: 2 bursts of 64 prompts at concurrency
 64, 512x512 images, 1024 input / 128 output tokens, seed 42.
 
@@ -43,6 +43,14 @@ record (``TORCH_LOGS=recompiles``) or one ``torchdynamo start tracing``
 record (``TORCH_LOGS=dynamo``, which also shows first compiles), counted
 once per process and dynamo compile id.
 
+``--triton-cache-dir`` / ``--inductor-cache-dir``: the server's
+TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR. Their entries are snapshotted
+when the run starts (after ready) and after the warm-up and each burst; the
+table's "Kernel cache entries after ready" is what each added (a Triton
+kernel is its hash folder; an Inductor entry a file, or under
+``triton/<device>/`` a kernel folder, counted per device index). Not given:
+"not counted".
+
 ``--mixed``: closed-loop bursts of mixed image sizes (from the
 processor's 32x32 floor up), repeats of the previous burst's images and an
 undecodable image, sent with bench_serving's chat-completions request function
@@ -78,6 +86,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:  # cpu_support
+    sys.path.insert(0, ROOT)
+
+from cpu_support.bench import vit_bench_util as U  # noqa: E402
+from cpu_support.server.cpu_server import scheduler_titles  # noqa: E402
+
 READY_MARKER = "The server is fired up and ready to roll!"
 
 
@@ -88,6 +102,21 @@ class BenchError(RuntimeError):
 # ---------------------------------------------------------------------------
 # Statistics
 # ---------------------------------------------------------------------------
+
+
+def ttft_summary(ttft_ms: Sequence[float]) -> Dict[str, Optional[float]]:
+    """Mean, P50 and P99 of per-request TTFTs in ms (None each without any), for
+    the requests this harness sends itself; a bench_serving run's come from
+    its own result fields (``summarize_record``). numpy's default (linear)
+    percentile: the definition bench_serving uses."""
+    if not ttft_ms:
+        return {"mean_ttft_ms": None, "p50_ttft_ms": None, "p99_ttft_ms": None}
+    p50, p99 = (float(x) for x in np.percentile(ttft_ms, [50, 99]))
+    return {
+        "mean_ttft_ms": statistics.fmean(ttft_ms),
+        "p50_ttft_ms": p50,
+        "p99_ttft_ms": p99,
+    }
 
 
 def burst_stats(
@@ -116,18 +145,10 @@ def burst_stats(
         failed += num_prompts - len(errors)
     ttft_ms = [1000.0 * ttfts_s[i] for i in ok]
     out_tokens = sum(int(output_lens[i]) for i in ok)
-    # numpy's default (linear) percentile: the definition bench_serving uses.
-    p50, p99 = (
-        (float(x) for x in np.percentile(ttft_ms, [50, 99]))
-        if ttft_ms
-        else (None, None)
-    )
     return {
         "completed": len(ok),
         "failed": failed,
-        "mean_ttft_ms": statistics.fmean(ttft_ms) if ttft_ms else None,
-        "p50_ttft_ms": p50,
-        "p99_ttft_ms": p99,
+        **ttft_summary(ttft_ms),
         "output_tokens": out_tokens,
         "duration_s": duration_s,
         "output_tok_s": out_tokens / duration_s if ttft_ms and duration_s > 0 else None,
@@ -486,6 +507,11 @@ def parse_resolution(text: str) -> Tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+# sglang 0.5.23 moved bench_serving here; ``-m sglang.bench_serving`` still
+# runs it, with a FutureWarning on every run. The flags are the same.
+BENCH_SERVING_MODULE = "sglang.benchmark.serving"
+
+
 def bench_serving_command(
     *,
     base_url: str,
@@ -500,7 +526,7 @@ def bench_serving_command(
     cmd = [
         python,
         "-m",
-        "sglang.bench_serving",
+        BENCH_SERVING_MODULE,
         "--backend",
         "sglang-oai-chat",
         "--base-url",
@@ -626,19 +652,36 @@ def run_bench_serving(
 def summarize_record(
     record: Optional[dict], num_prompts: int, rc: int, tail: str
 ) -> dict:
-    """burst_stats from a bench_serving record; a crashed run counts all failed."""
-    if record is None or "ttfts" not in record:
+    """A bench_serving run's completed/failed counts, TTFT mean/P50/P99 (ms) and
+    output tok/s, taken from its own result fields (``completed``,
+    ``mean_ttft_ms``, ``median_ttft_ms``, ``p99_ttft_ms``,
+    ``total_output_tokens``, ``output_throughput``, ``duration``); failed is
+    ``num_prompts`` minus completed. No request completed: no TTFT or tok/s
+    (bench_serving writes 0 there). A crashed run counts all failed."""
+    if record is None or "completed" not in record:
         why = tail.strip().splitlines()[-1] if tail.strip() else f"exit code {rc}"
         stats = burst_stats([], [], [], 0.0, num_prompts=num_prompts)
         stats["harness_error"] = f"bench_serving produced no result (rc={rc}): {why}"
         return stats
-    stats = burst_stats(
-        record["ttfts"],
-        [e or "" for e in record["errors"]],
-        record["output_lens"],
-        float(record.get("duration") or 0.0),
-        num_prompts=num_prompts,
-    )
+    completed = int(record["completed"])
+    if completed > num_prompts:
+        raise BenchError(
+            f"bench_serving reports {completed} completed of {num_prompts} prompts"
+        )
+
+    def field(key: str) -> Optional[float]:
+        return float(record[key]) if completed and record.get(key) is not None else None
+
+    stats = {
+        "completed": completed,
+        "failed": num_prompts - completed,
+        "mean_ttft_ms": field("mean_ttft_ms"),
+        "p50_ttft_ms": field("median_ttft_ms"),
+        "p99_ttft_ms": field("p99_ttft_ms"),
+        "output_tokens": int(record.get("total_output_tokens") or 0),
+        "duration_s": float(record.get("duration") or 0.0),
+        "output_tok_s": field("output_throughput"),
+    }
     if rc != 0:
         stats["harness_error"] = f"bench_serving exited with code {rc}"
     return stats
@@ -672,14 +715,7 @@ def first_error(record: Optional[dict], stats: dict) -> str:
 
 def _ttft_summary(records: List[dict]) -> dict:
     ok = [1000.0 * r["ttft"] for r in records if r["success"]]
-    p50, p99 = (float(x) for x in np.percentile(ok, [50, 99])) if ok else (None, None)
-    return {
-        "completed": len(ok),
-        "failed": len(records) - len(ok),
-        "mean_ttft_ms": statistics.fmean(ok) if ok else None,
-        "p50_ttft_ms": p50,
-        "p99_ttft_ms": p99,
-    }
+    return {"completed": len(ok), "failed": len(records) - len(ok), **ttft_summary(ok)}
 
 
 def _chat_input(RequestFuncInput, model: str, api_url: str, content, output_len: int):
@@ -806,20 +842,6 @@ def image_window(
     return (end - float(record["duration"]) - IMAGE_WINDOW_SLACK_S, end)
 
 
-def scheduler_pids(pids: Sequence[int]) -> Dict[int, str]:
-    """{pid: process title} of the processes whose title starts with ``sglang::scheduler``."""
-    out = {}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                title = f.read().split(b"\0")[0].decode("utf-8", "replace").strip()
-        except OSError:
-            continue
-        if title.startswith("sglang::scheduler"):
-            out[pid] = title
-    return out
-
-
 class MemorySampler:
     """Peak memory per rank over one burst.
 
@@ -841,7 +863,7 @@ class MemorySampler:
     def start(self) -> None:
         import threading
 
-        self._procs = scheduler_pids(self.pids()) if self.pids else {}
+        self._procs = scheduler_titles(self.pids()) if self.pids else {}
         for pid in self._procs:
             try:
                 with open(f"/proc/{pid}/clear_refs", "w") as f:
@@ -910,11 +932,13 @@ def unseen_size_pass(
     take_log,
     seed: int = 0,
     echo=print,
+    take_caches=None,
 ) -> List[dict]:
     """For each (height, width): a fresh image of that size sent alone, then a
     second fresh image of the same size (new bytes, so no embedding-cache hit);
     both TTFTs, the first's extra TTFT over the second, and the compiles the
-    server logged after each (``take_log`` reads the new server-log lines)."""
+    server logged after each (``take_log`` reads the new server-log lines)
+    and the compile-cache entries each added (``take_caches``, if given)."""
     import asyncio
 
     func, RequestFuncInput = _bench_serving_request_func()
@@ -954,6 +978,7 @@ def unseen_size_pass(
             row[f"{which}_compiles"] = compiles_per_rank(
                 parse_compile_events(lines, first_line)
             )
+            row[f"{which}_cache_entries"] = take_caches() if take_caches else None
         row["extra_ttft_ms"] = (
             row["first_ttft_ms"] - row["repeat_ttft_ms"]
             if row["first_ok"] and row["repeat_ok"]
@@ -988,6 +1013,7 @@ def run_bursts(
     memory: Optional["MemorySampler"] = None,
     unseen_sizes: Sequence[Tuple[int, int]] = (),
     unseen_output_len: int = 4,
+    compile_caches: Optional[Dict[str, Optional[str]]] = None,
 ) -> dict:
     """Text warm-up (optional) then ``bursts`` image bursts; the raw results.
 
@@ -999,6 +1025,15 @@ def run_bursts(
     per rank; ``unseen_sizes`` ((height, width) pairs), after the bursts, sends
     one fresh image of each size alone and then a second fresh image of the
     same size, and records both TTFTs and the compiles each one caused.
+
+    ``compile_caches`` (``{"triton": DIR, "inductor": DIR}``, the server's
+    TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR): the folders' entries are
+    snapshotted when this starts (the A/B calls it as soon as ``/health``
+    answers) and after the warm-up, each burst and each unseen-size request;
+    each records the entries it added (``cache_entries``:
+    ``vit_bench_util.new_cache_entries``), and ``result["compile_caches"]``
+    all added after ready. A kernel built after ready is one of them even
+    when Dynamo logged nothing for it.
 
     ``model`` and ``tokenizer`` go to bench_serving as they are (see
     ``local_model_dir``). ``timeout``: seconds per bench_serving run; None
@@ -1037,6 +1072,20 @@ def run_bursts(
         after_ready.extend(lines)
         return first, lines
 
+    caches_at_ready = caches_last = (
+        U.cache_snapshot(compile_caches) if compile_caches else None
+    )
+
+    def take_caches() -> Optional[dict]:
+        """Entries the compile caches gained since the last call (None: not counted)."""
+        nonlocal caches_last
+        if caches_last is None:
+            return None
+        now = U.cache_snapshot(compile_caches)
+        new = U.new_cache_entries(caches_last, now)
+        caches_last = now
+        return new
+
     result = {"warmup": None, "bursts": [], "work_dir": work_dir}
     take_log()  # everything up to now: start-up, before the first burst
     if warmup_text_prompts > 0:
@@ -1070,6 +1119,7 @@ def run_bursts(
         stats["compiles_per_rank"] = compiles_per_rank(
             parse_compile_events(lines, first)
         )
+        stats["cache_entries"] = take_caches()
         result["warmup"] = {
             "command": cmd,
             "stats": stats,
@@ -1126,6 +1176,7 @@ def run_bursts(
         events = parse_compile_events(lines, first)
         stats["compiles_per_rank"] = compiles_per_rank(events)
         stats["compile_events"] = [vars(e) for e in events]
+        stats["cache_entries"] = take_caches()  # kernels built in this burst
         stats["images_per_rank"] = images_per_rank(encoder)  # from /metrics
         stats["wall_s"] = time.time() - t0
         stats["encoder"] = encoder  # from /metrics; None without the series' metrics
@@ -1152,6 +1203,7 @@ def run_bursts(
             take_log,
             seed=cfg.seed,
             echo=echo,
+            take_caches=take_caches,
         )
     if cursor is not None:
         take_log()
@@ -1161,6 +1213,13 @@ def run_bursts(
             "ready_marker_seen": ready_seen,
             "compiles_after_ready_per_rank": compiles_per_rank(events),
             "compile_events_after_ready": [vars(e) for e in events],
+        }
+    if caches_at_ready is not None:
+        take_caches()
+        result["compile_caches"] = {
+            "dirs": {k: os.path.abspath(v) for k, v in compile_caches.items() if v},
+            "entries_at_ready": {k: len(v) for k, v in caches_at_ready.items()},
+            "new_after_ready": U.new_cache_entries(caches_at_ready, caches_last),
         }
     result["config"] = dict(vars(cfg), seed_step=seed_step)
     return result
@@ -1369,11 +1428,6 @@ def mixed_stats(records: List[dict], wall_s: float, bursts: int) -> dict:
     ok = [r for r in good if r["success"]]
     ttft_ms = [1000.0 * r["ttft"] for r in ok]
     served = {b for b in range(bursts)} - {r["burst"] for r in good if not r["success"]}
-    p50, p99 = (
-        (float(x) for x in np.percentile(ttft_ms, [50, 99]))
-        if ttft_ms
-        else (None, None)
-    )
     by_kind = {}
     for kind in ("fresh", "repeat"):
         xs = [1000.0 * r["ttft"] for r in ok if r["kind"] == kind]
@@ -1389,9 +1443,7 @@ def mixed_stats(records: List[dict], wall_s: float, bursts: int) -> dict:
         "wall_s": wall_s,
         "requests_per_s": len(ok) / wall_s if wall_s > 0 else None,
         "bursts_per_min": 60.0 * len(served) / wall_s if wall_s > 0 else None,
-        "mean_ttft_ms": statistics.fmean(ttft_ms) if ttft_ms else None,
-        "p50_ttft_ms": p50,
-        "p99_ttft_ms": p99,
+        **ttft_summary(ttft_ms),
         "mean_ttft_ms_by_kind": by_kind,
     }
 
@@ -1534,29 +1586,44 @@ def header_lines(meta: dict) -> List[str]:
     return lines
 
 
+BURST_HEADERS = [
+    "Burst",
+    "Completed",
+    "Failed",
+    "Mean TTFT (ms)",
+    "P50 TTFT (ms)",
+    "P99 TTFT (ms)",
+    "Output tok/s",
+    "Images per rank",
+    "Encoder calls",
+    "Images per call (mean / max)",
+    "Compiles after ready",
+    "Kernel cache entries after ready",
+]
+
+
 def burst_table(result: dict, counted_compiles: bool) -> List[str]:
-    rows = [
-        "| Burst | Completed | Failed | Mean TTFT (ms) | P50 TTFT (ms) | P99 TTFT (ms) "
-        "| Output tok/s | Images per rank | Encoder calls | Images per call (mean / max) "
-        "| Compiles after ready |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    table = []
     if result.get("warmup"):
         s = result["warmup"]["stats"]
-        rows.append(
-            f"| text warm-up | {s['completed']} | {s['failed']} | {fmt_ms(s['mean_ttft_ms'])} | "
-            f"{fmt_ms(s['p50_ttft_ms'])} | {fmt_ms(s['p99_ttft_ms'])} | {fmt_ms(s['output_tok_s'])} | "
-            f"– | – | – | {fmt_compiles(s.get('compiles_per_rank'), counted_compiles)} |"
+        table.append(
+            ["text warm-up", s["completed"], s["failed"]]
+            + [fmt_ms(s[k]) for k in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms")]
+            + [fmt_ms(s["output_tok_s"]), "–", "–", "–"]
+            + [fmt_compiles(s.get("compiles_per_rank"), counted_compiles)]
+            + [U.fmt_cache_entries(s.get("cache_entries"))]
         )
     for b in result["bursts"]:
         s = b["stats"]
-        rows.append(
-            f"| {b['burst']} | {s['completed']} | {s['failed']} | {fmt_ms(s['mean_ttft_ms'])} | "
-            f"{fmt_ms(s['p50_ttft_ms'])} | {fmt_ms(s['p99_ttft_ms'])} | {fmt_ms(s['output_tok_s'])} | "
-            f"{fmt_images(s.get('images_per_rank'))} | "
-            f"{' | '.join(fmt_encoder(s.get('encoder')))} | "
-            f"{fmt_compiles(s.get('compiles_per_rank'), counted_compiles)} |"
+        table.append(
+            [b["burst"], s["completed"], s["failed"]]
+            + [fmt_ms(s[k]) for k in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms")]
+            + [fmt_ms(s["output_tok_s"]), fmt_images(s.get("images_per_rank"))]
+            + list(fmt_encoder(s.get("encoder")))
+            + [fmt_compiles(s.get("compiles_per_rank"), counted_compiles)]
+            + [U.fmt_cache_entries(s.get("cache_entries"))]
         )
+    rows = U.markdown_table(BURST_HEADERS, table, align="l" * 12).split("\n")
     errs = [
         (b["burst"], b["stats"]["harness_error"])
         for b in result["bursts"]
@@ -1591,23 +1658,35 @@ def markdown_report(result: dict, meta: dict) -> str:
 
 def mixed_table(results: List[Tuple[str, dict]]) -> List[str]:
     """One row per (label, run_mixed_bursts result)."""
-    rows = [
-        "| Run | Bursts served | Wall (s) | Bursts/min | Requests/s | Mean TTFT (ms) "
-        "| P99 TTFT (ms) | Mean TTFT fresh / repeat (ms) | Failed (good) | Bad rejected "
-        "| Encoder calls | Images per call (mean / max) | Images per rank |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    table = []
     for label, res in results:
         s = res["stats"]
         kinds = s["mean_ttft_ms_by_kind"]
-        rows.append(
-            f"| {label} | {s['bursts_served']}/{s['bursts']} | {s['wall_s']:.1f} | "
-            f"{fmt_ms(s['bursts_per_min'])} | {s['requests_per_s']:.2f} | {fmt_ms(s['mean_ttft_ms'])} | "
-            f"{fmt_ms(s['p99_ttft_ms'])} | {fmt_ms(kinds['fresh'])} / {fmt_ms(kinds['repeat'])} | "
-            f"{s['failed']} | {s['bad_requests'] - s['bad_accepted']}/{s['bad_requests']} | "
-            f"{' | '.join(fmt_encoder(s.get('encoder')))} | {fmt_images(s.get('images_per_rank'))} |"
+        table.append(
+            [label, f"{s['bursts_served']}/{s['bursts']}", f"{s['wall_s']:.1f}"]
+            + [fmt_ms(s["bursts_per_min"]), f"{s['requests_per_s']:.2f}"]
+            + [fmt_ms(s["mean_ttft_ms"]), fmt_ms(s["p99_ttft_ms"])]
+            + [f"{fmt_ms(kinds['fresh'])} / {fmt_ms(kinds['repeat'])}", s["failed"]]
+            + [f"{s['bad_requests'] - s['bad_accepted']}/{s['bad_requests']}"]
+            + list(fmt_encoder(s.get("encoder")))
+            + [fmt_images(s.get("images_per_rank"))]
         )
-    return rows
+    headers = [
+        "Run",
+        "Bursts served",
+        "Wall (s)",
+        "Bursts/min",
+        "Requests/s",
+        "Mean TTFT (ms)",
+        "P99 TTFT (ms)",
+        "Mean TTFT fresh / repeat (ms)",
+        "Failed (good)",
+        "Bad rejected",
+        "Encoder calls",
+        "Images per call (mean / max)",
+        "Images per rank",
+    ]
+    return U.markdown_table(headers, table, align="l" * len(headers)).split("\n")
 
 
 def mixed_report(results: List[Tuple[str, dict]], meta: dict) -> str:
@@ -1668,6 +1747,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="text-only warm-up burst of N prompts first (0: none)",
     )
     p.add_argument("--server-log", help="server log to count compiles after ready")
+    p.add_argument(
+        "--triton-cache-dir",
+        help="the server's TRITON_CACHE_DIR: count the entries (kernels) each burst "
+        "adds to it",
+    )
+    p.add_argument(
+        "--inductor-cache-dir",
+        help="the server's TORCHINDUCTOR_CACHE_DIR: count the entries each burst "
+        "adds to it (per device index where it files Triton kernels under triton/N)",
+    )
     p.add_argument("--ready-marker", default=READY_MARKER)
     p.add_argument(
         "--server-flags",
@@ -1819,8 +1908,27 @@ def validate(args) -> None:
         raise BenchError(str(e)) from None
     if args.server_log and not os.path.isfile(args.server_log):
         raise BenchError(f"--server-log {args.server_log} does not exist")
+    for flag, path in (
+        ("--triton-cache-dir", args.triton_cache_dir),
+        ("--inductor-cache-dir", args.inductor_cache_dir),
+    ):
+        if path and not os.path.isdir(path):
+            raise BenchError(f"{flag} {path} is not a folder")
     if args.timeout is not None and args.timeout <= 0:
         raise BenchError(f"--timeout must be > 0, got {args.timeout}")
+
+
+def cache_dirs_of(args) -> Optional[Dict[str, str]]:
+    """``{"triton": DIR, "inductor": DIR}`` of the cache folders given (None: none)."""
+    dirs = {
+        k: v
+        for k, v in (
+            ("triton", args.triton_cache_dir),
+            ("inductor", args.inductor_cache_dir),
+        )
+        if v
+    }
+    return dirs or None
 
 
 def main(argv=None) -> int:
@@ -1852,6 +1960,7 @@ def main(argv=None) -> int:
             ready_marker=args.ready_marker,
             work_dir=args.work_dir,
             timeout=args.timeout,
+            compile_caches=cache_dirs_of(args),
         )
     except BenchError as e:
         print(f"bench_image_burst: {e}", file=sys.stderr)

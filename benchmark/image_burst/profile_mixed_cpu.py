@@ -41,7 +41,7 @@ for path in (ROOT, HERE):  # cpu_support, and bench_image_burst beside this file
         sys.path.insert(0, path)
 
 import bench_image_burst as B  # noqa: E402
-from cpu_support.server.cpu_server import CpuServer  # noqa: E402
+from cpu_support.server.cpu_server import CpuServer, scheduler_titles  # noqa: E402
 
 
 def thread_cpu(pids: List[int]) -> Dict[str, float]:
@@ -67,15 +67,11 @@ def thread_cpu(pids: List[int]) -> Dict[str, float]:
 
 def scheduler_pids(srv: CpuServer) -> Dict[str, int]:
     """``{"TP0": pid, "TP1": pid}`` of the server's scheduler processes."""
-    found = {}
-    for pid in srv.pids():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                title = f.read().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        if title.startswith("sglang::scheduler_"):
-            found[title.split("_", 1)[1]] = pid
+    found = {
+        title.split("_", 1)[1]: pid
+        for pid, title in scheduler_titles(srv.pids()).items()
+        if "_" in title
+    }
     return dict(sorted(found.items()))
 
 

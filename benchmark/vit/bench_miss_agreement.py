@@ -65,14 +65,26 @@ def main(argv=None) -> int:
     from cpu_support.ranks.gloo import run_on_ranks
 
     results = run_on_ranks(_rank, 2, args.reps, timeout=600)
+    from cpu_support.bench.vit_bench_util import markdown_table
+
     print(
-        "| items in the step | median us (rank 0 / rank 1) | p90 us (rank 0 / rank 1) |"
+        markdown_table(
+            [
+                "items in the step",
+                "median us (rank 0 / rank 1)",
+                "p90 us (rank 0 / rank 1)",
+            ],
+            [
+                [
+                    items,
+                    " / ".join(f"{r[items][0] * 1e6:.0f}" for r in results),
+                    " / ".join(f"{r[items][1] * 1e6:.0f}" for r in results),
+                ]
+                for items in ITEMS
+            ],
+            align="rrr",
+        )
     )
-    print("|---:|---:|---:|")
-    for items in ITEMS:
-        med = " / ".join(f"{r[items][0] * 1e6:.0f}" for r in results)
-        p90 = " / ".join(f"{r[items][1] * 1e6:.0f}" for r in results)
-        print(f"| {items} | {med} | {p90} |")
     return 0
 
 

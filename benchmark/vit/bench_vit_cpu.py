@@ -197,23 +197,39 @@ def main(argv=None):
         f"median of {args.repeats} after {args.warmup} warm-up (min–max in brackets), "
         f"fresh processes per row.\n"
     )
-    print(
-        "| setting | image | attention | per-request (N calls) | batched (1 call) "
-        "| batched speed-up (paired) | peak mem per-request | peak mem batched |"
-    )
-    print("|---|---|---|---:|---:|---:|---:|---:|")
 
     def ms(r, phase):
         lo, hi = r[phase + "_range"]
         return f"{r[phase + '_ms']:.0f} ms ({lo:.0f}–{hi:.0f})"
 
-    for r in rows:
-        print(
-            f"| {r['setting']} | {r['size']}×{r['size']} | {r['attention']} "
-            f"| {ms(r, 'per_request')} | {ms(r, 'batched')} "
-            f"| {r['speedup']:.2f}× "
-            f"| {r['per_request_mib']:.0f} MiB | {r['batched_mib']:.0f} MiB |"
+    print(
+        U.markdown_table(
+            [
+                "setting",
+                "image",
+                "attention",
+                "per-request (N calls)",
+                "batched (1 call)",
+                "batched speed-up (paired)",
+                "peak mem per-request",
+                "peak mem batched",
+            ],
+            [
+                [
+                    r["setting"],
+                    f"{r['size']}×{r['size']}",
+                    r["attention"],
+                    ms(r, "per_request"),
+                    ms(r, "batched"),
+                    f"{r['speedup']:.2f}×",
+                    f"{r['per_request_mib']:.0f} MiB",
+                    f"{r['batched_mib']:.0f} MiB",
+                ]
+                for r in rows
+            ],
+            align="lll",
         )
+    )
     return rows
 
 

@@ -28,7 +28,7 @@ sys.path.insert(
 )
 
 import torch  # noqa: E402
-from cpu_support.ranks.gloo import free_port  # noqa: E402
+from cpu_support.bench.vit_bench_util import free_port, markdown_table  # noqa: E402
 from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
 
 
@@ -91,12 +91,7 @@ def main(argv=None) -> int:
         f"grid {list(grid)} per image, medians of {args.repeats}, "
         f"{torch.get_num_threads()} threads"
     )
-    print(
-        "| tower | images/step | output MiB/image | call ms | copy ms | "
-        "step, one call per image: calls ms / copies ms / copy share | "
-        "step, one call: call ms / copy ms / copy share |"
-    )
-    print("|---|---:|---:|---:|---:|---|---|")
+    rows = []
     for name, real in (
         ("tiny (depth 2, width 64)", False),
         (f"8B widths, depth {args.depth}", True),
@@ -121,10 +116,25 @@ def main(argv=None) -> int:
                     f"{n * call_ms:.2f} / {n * copy_ms:.3f} / {copy_ms / call_ms:.2%}"
                 )
                 whole = f"{batch_ms:.2f} / {batch_copy_ms:.3f} / {batch_copy_ms / batch_ms:.2%}"
-                print(
-                    f"| {name} | {n} | {mib:.2f} | {call_ms:.2f} | {copy_ms:.3f} | "
-                    f"{each} | {whole} |"
+                rows.append(
+                    [name, n, f"{mib:.2f}", f"{call_ms:.2f}", f"{copy_ms:.3f}"]
+                    + [each, whole]
                 )
+    print(
+        markdown_table(
+            [
+                "tower",
+                "images/step",
+                "output MiB/image",
+                "call ms",
+                "copy ms",
+                "step, one call per image: calls ms / copies ms / copy share",
+                "step, one call: call ms / copy ms / copy share",
+            ],
+            rows,
+            align="lrrrrll",
+        )
+    )
     return 0
 
 

@@ -12,6 +12,11 @@ bench_vit_determinism, bench_vit_cpu, gpu_vit_check).
   attention as SGLang 0.5.23 shipped it (one call over the packed sequences
   under a dense block-diagonal mask), to compare against the series.
 
+The repository's one copy of three small helpers (stdlib only, so the bare-GPU
+archive, which packs this file, has them too): ``free_port``,
+``markdown_table`` and the compile-cache entry counting (``cache_snapshot``,
+``new_cache_entries``, ``fmt_cache_entries``).
+
 Memory method: ``/proc/self/clear_refs`` ("5") resets the kernel's peak-RSS
 mark (VmHWM); a phase's peak is VmHWM at its end minus VmRSS at its start.
 glibc's malloc keeps freed heap pages and moves its mmap threshold up after
@@ -30,8 +35,9 @@ import argparse
 import functools
 import gc
 import os
+import socket
 import types
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 Grid = Tuple[int, int, int]
 
@@ -298,10 +304,20 @@ def bench_vision(depth: int, hidden: int, heads: int) -> Dict[str, object]:
     )
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def markdown_table(
     headers: Sequence[str], rows: Sequence[Sequence[object]], align: str = ""
 ) -> str:
-    """A markdown table; ``align`` is one char per column, 'l' or 'r' (default r)."""
+    """A markdown table; ``align`` is one char per column, 'l' or 'r' (default:
+    the first column 'l', the others 'r'; a short ``align`` is padded with 'r')."""
+    if any(a not in "lr" for a in align):
+        raise ValueError(f"align takes only 'l' and 'r', got {align!r}")
     align = (align or "l" + "r" * (len(headers) - 1)).ljust(len(headers), "r")
     sep = ["---" if a == "l" else "---:" for a in align]
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(sep) + "|"]
@@ -320,3 +336,101 @@ def summarize_calls(calls: List[List[Grid]]) -> Dict[str, float]:
         "patches_max": max((sum(patches(g) for g in c) for c in calls), default=0),
         "call_patches": [[patches(g) for g in c] for c in calls],
     }
+
+
+# ---------------------------------------------------------------------------
+# Compile-cache entries: kernels built after a point (the server's ready)
+# ---------------------------------------------------------------------------
+
+# The folders a process builds kernels into, by the variable that moves them:
+# Triton's (one folder per compiled kernel, named by its hash) and Inductor's
+# (generated code, FX-graph and AOT-autograd entries; with TRITON_CACHE_DIR
+# unset, Inductor also puts Triton's kernels under triton/<device index>/).
+COMPILE_CACHE_VARS = {
+    "triton": "TRITON_CACHE_DIR",
+    "inductor": "TORCHINDUCTOR_CACHE_DIR",
+}
+
+
+def _scratch(name: str) -> bool:
+    """A writer's temporary or lock file, not an entry (Triton writes into
+    ``tmp.pid_*`` folders and renames; FileLock leaves ``*.lock``)."""
+    return name.startswith("tmp.pid_") or name.endswith(".lock")
+
+
+def cache_entries(root: Optional[str], kind: str) -> Set[str]:
+    """The entries of one compile-cache folder, as ``/``-joined paths relative
+    to it. ``kind`` "triton": each top-level folder is one kernel (its files
+    are not counted apart), a top-level file one entry. ``kind`` "inductor":
+    every file is one entry, except under ``triton/<device>/``, where each
+    folder is one kernel, as in Triton's own folder. A missing folder has none."""
+    if kind not in COMPILE_CACHE_VARS:
+        raise ValueError(f"unknown compile cache {kind!r}")
+    if not root or not os.path.isdir(root):
+        return set()
+    out: Set[str] = set()
+    for dirpath, dirnames, files in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        parts = [] if rel == "." else rel.split(os.sep)
+        dirnames[:] = [d for d in dirnames if not _scratch(d)]
+        kernels_here = (
+            parts == []
+            if kind == "triton"
+            else (len(parts) == 2 and parts[0] == "triton")
+        )
+        if kernels_here:
+            out.update("/".join(parts + [d]) for d in dirnames)
+            dirnames[:] = []
+        out.update("/".join(parts + [f]) for f in files if not _scratch(f))
+    return out
+
+
+def cache_snapshot(dirs: Mapping[str, Optional[str]]) -> Dict[str, Set[str]]:
+    """``{kind: entries}`` of each folder in ``dirs`` (``{kind: path}``)."""
+    return {kind: cache_entries(path, kind) for kind, path in dirs.items()}
+
+
+def cache_device(entry: str) -> Optional[str]:
+    """The device index an Inductor entry is filed under (``triton/<N>/...``), else None."""
+    parts = entry.split("/")
+    return parts[1] if len(parts) >= 3 and parts[0] == "triton" else None
+
+
+def new_cache_entries(
+    before: Mapping[str, Set[str]], after: Mapping[str, Set[str]]
+) -> Dict[str, dict]:
+    """Per cache: how many entries ``after`` has that ``before`` had not, the
+    entries themselves, and (Inductor) the count per device index where its
+    layout files them by device."""
+    out = {}
+    for kind, entries in after.items():
+        new = sorted(entries - before.get(kind, set()))
+        per_device: Dict[str, int] = {}
+        for e in new:
+            dev = cache_device(e) if kind == "inductor" else None
+            if dev is not None:
+                per_device[dev] = per_device.get(dev, 0) + 1
+        out[kind] = {
+            "new": len(new),
+            "per_device": dict(sorted(per_device.items())),
+            "entries": new,
+        }
+    return out
+
+
+def fmt_cache_entries(counts: Optional[Mapping[str, dict]]) -> str:
+    """A table cell: ``Triton 2 / Inductor 5 (triton/0: 1, triton/1: 1)``;
+    "not counted" without the folders."""
+    if not counts:
+        return "not counted"
+    cells = []
+    for kind, c in counts.items():
+        cell = f"{'Triton' if kind == 'triton' else 'Inductor'} {c['new']}"
+        if c.get("per_device"):
+            cell += (
+                " ("
+                + ", ".join(f"triton/{d}: {n}" for d, n in c["per_device"].items())
+                + ")"
+            )
+        cells.append(cell)
+    return " / ".join(cells)

@@ -20,21 +20,17 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import socket
 import time
 import traceback
 from multiprocessing import forkserver
 from typing import Any, Callable, List
 
+# free_port's one copy; importable from here as before.
+from cpu_support.bench.vit_bench_util import free_port
+
 
 class RankFailed(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # What the forkserver imports before it forks any rank.

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,11 @@ import urllib.request
 from typing import Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+if __name__ == "__main__":  # run as a file: the repository, for cpu_support
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+
+from cpu_support.bench.vit_bench_util import free_port  # noqa: E402
+
 # The start-up hooks: folders holding a sitecustomize.py, put on PYTHONPATH.
 STARTUP_HOOKS = os.path.join(HERE, "startup_hooks")
 ROCM_GATE_SIM_DIR = os.path.join(STARTUP_HOOKS, "rocm_gate_sim")
@@ -51,10 +55,27 @@ class ServerFailed(RuntimeError):
     """The server exited, or never became healthy before its deadline."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# ``free_port`` (imported above; its one copy is in vit_bench_util) stays
+# importable from here.
+SCHEDULER_TITLE = "sglang::scheduler"
+
+
+def scheduler_titles(pids: Sequence[int]) -> Dict[int, str]:
+    """``{pid: process title}`` of the live processes among ``pids`` whose
+    title (SGLang sets it, e.g. ``sglang::scheduler_TP1``) starts with
+    ``sglang::scheduler``. Read from ``/proc/PID/cmdline``; a process gone, a
+    zombie (its cmdline is empty) or one not ours to read is left out."""
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        title = raw.split(b"\0")[0].decode("utf-8", "replace").strip()
+        if title.startswith(SCHEDULER_TITLE):
+            out[pid] = title
+    return out
 
 
 def omp_threads_bind(tp_size: int, cpus: Optional[Sequence[int]] = None) -> str:
@@ -479,5 +500,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository
     sys.exit(main())

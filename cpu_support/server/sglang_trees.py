@@ -7,7 +7,9 @@ package (and its dist-info); putting it first on ``PYTHONPATH`` makes any
 Python with the right dependencies import that sglang instead of its own.
 
 * pristine: the release wheel unpacked (from ``.cache/wheels``, which
-  ``make setup`` fills, or downloaded with ``pip download --no-deps``);
+  ``make setup`` fills, or downloaded with ``pip download --no-deps`` by
+  ``find_wheel``, the one function that fetches a release wheel: ``--wheel
+  VERSION`` prints its path);
 * series: a copy of pristine with ``scripts/series.py apply`` run on it;
 * series repository: SGLang's repository layout (``python/`` = a copy of
   pristine, and ``test/``) with the series applied, so it holds the tests the
@@ -34,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from typing import Sequence
 
 # The repository root (this file is in cpu_support/server/).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,31 +49,40 @@ class TreeError(RuntimeError):
     pass
 
 
-def find_wheel(version: str = "0.5.23") -> str:
-    for d in WHEEL_DIRS:
-        hits = sorted(glob.glob(os.path.join(d, f"sglang-{version}-*.whl")))
+def find_wheel(version: str = "0.5.23", dirs: Sequence[str] = WHEEL_DIRS) -> str:
+    """The sglang ``version`` release wheel: the first found in ``dirs``, else
+    downloaded once into ``dirs[0]`` (``pip download --no-deps``). The one
+    function that fetches it (``python sglang_trees.py --wheel VERSION`` from
+    a shell); raises ``TreeError`` with one line when pip cannot get it."""
+    pattern = f"sglang-{version}-*.whl"
+    for d in dirs:
+        hits = sorted(glob.glob(os.path.join(d, pattern)))
         if hits:
             return hits[0]
-    dest = WHEEL_DIRS[0]
+    dest = dirs[0]
     os.makedirs(dest, exist_ok=True)
-    subprocess.run(
+    proc = subprocess.run(
         [
             sys.executable,
             "-m",
             "pip",
             "download",
+            "--disable-pip-version-check",
             "-q",
             "--no-deps",
             "-d",
             dest,
             f"sglang=={version}",
         ],
-        check=True,
+        capture_output=True,
+        text=True,
     )
-    hits = sorted(glob.glob(os.path.join(dest, f"sglang-{version}-*.whl")))
-    if not hits:
+    hits = sorted(glob.glob(os.path.join(dest, pattern)))
+    if proc.returncode != 0 or not hits:
+        last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
         raise TreeError(
-            f"no sglang {version} wheel in {', '.join(WHEEL_DIRS)} and download failed"
+            f"no sglang {version} wheel in {', '.join(dirs)} and pip could not "
+            f"download it: {last}"
         )
     return hits[0]
 
@@ -202,8 +214,20 @@ def series_repo_tree(root: str = DEFAULT_TREES, version: str = "0.5.23") -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Make the pristine and series sglang trees")
     p.add_argument("--root", default=DEFAULT_TREES)
+    p.add_argument(
+        "--wheel",
+        action="append",
+        metavar="VERSION",
+        help="only print the path of the sglang VERSION release wheel, downloaded "
+        f"into {WHEEL_DIRS[0]} when no folder of {', '.join(WHEEL_DIRS)} has it; "
+        "repeatable",
+    )
     a = p.parse_args(argv)
     try:
+        if a.wheel:
+            for version in a.wheel:
+                print(find_wheel(version))
+            return 0
         print(pristine_tree(a.root))
         print(series_tree(a.root))
         print(series_repo_tree(a.root))

@@ -31,7 +31,12 @@ needs a GPU, and keeps the preconditions a real GPU server has:
 * at start it records the compile-cache folders it was given
   (``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``AITER_JIT_DIR``) and
   the files in them in ``$STUB_STATE_DIR/launch-N.json``, then writes one
-  file into each, as a compiling server would.
+  file into each, as a compiling server would;
+* the first request with a PNG image of a size it has not seen "builds its
+  kernels", as a server that compiles per shape would, before answering: a
+  kernel folder ``size-HxW/`` in ``TRITON_CACHE_DIR``, and in
+  ``TORCHINDUCTOR_CACHE_DIR`` a file ``fx/size-HxW.py`` and one kernel folder
+  per rank under ``triton/<rank>/`` (Inductor's per-device layout).
 
 Extra flags (after ``--`` in the harness): ``--stub-fail-launch N`` exits at
 the Nth start counted in ``$STUB_STATE_DIR``; ``--stub-chat-status CODE``
@@ -130,6 +135,40 @@ def _patches(url: str) -> int:
         return 1  # a JPEG: its size is not needed for the stub's split
     width, height = struct.unpack(">II", raw[16:24])
     return max(1, round(width / 32)) * 2 * max(1, round(height / 32)) * 2
+
+
+def _png_size(url: str):
+    """(height, width) of a PNG data URI's image, None for anything else."""
+    import base64
+    import struct
+
+    if not url.startswith("data:"):
+        return None
+    raw = base64.b64decode(url.split(",", 1)[1][:64])
+    if not raw.startswith(b"\x89PNG"):
+        return None
+    width, height = struct.unpack(">II", raw[16:24])
+    return height, width
+
+
+def _build_kernels(size, tp_size: int) -> None:
+    """The cache entries a first request of image ``size`` leaves (see the docstring)."""
+    tag = f"size-{size[0]}x{size[1]}"
+    triton = os.environ.get("TRITON_CACHE_DIR")
+    inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    paths = []
+    if triton:
+        paths.append(os.path.join(triton, tag, "kernel.json"))
+    if inductor:
+        paths.append(os.path.join(inductor, "fx", f"{tag}.py"))
+        paths += [
+            os.path.join(inductor, "triton", str(r), tag, "kernel.json")
+            for r in range(tp_size)
+        ]
+    for path in paths:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("stub kernel")
 
 
 def _scheduler_collectors(model, tp_size):
@@ -241,6 +280,7 @@ def main():
         schedulers = _scheduler_collectors(args.model_path, args.tp_size)
         registries += [registry for _, registry in schedulers]
     lock = threading.Lock()
+    built = set()  # image sizes whose kernels are in the caches
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -290,6 +330,16 @@ def main():
                 # as a real server does when its image loader fails
                 self._send(400, json.dumps({"error": "stub: cannot decode the image"}))
                 return
+            for c in content if k else []:
+                size = (
+                    _png_size(c["image_url"]["url"])
+                    if isinstance(c, dict) and c.get("type") == "image_url"
+                    else None
+                )
+                with lock:
+                    if size is not None and size not in built:
+                        built.add(size)
+                        _build_kernels(size, args.tp_size)
             if k and series:
                 sizes = [
                     _patches(c["image_url"]["url"])

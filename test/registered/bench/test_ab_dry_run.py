@@ -272,9 +272,63 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
         assert {v: r["caches"]["env"][v] for v in AB.CACHE_VARS} == {
             v: got[v]["path"] for v in AB.CACHE_VARS
         }
-        assert r["caches"]["files_after"] == {v: 1 for v in AB.CACHE_VARS}
+        # One file at start, then one kernel per image size (224x224, 64x96,
+        # 96x64): Triton a file each, Inductor one file and one per rank each.
+        assert r["caches"]["files_after"] == {
+            "TRITON_CACHE_DIR": 1 + 3,
+            "TORCHINDUCTOR_CACHE_DIR": 1 + 3 * 3,
+            # ROCm libraries' caches: each launch its own empty folder.
+            **{v: 0 for v in AB.ROCM_CACHE_VARS},
+        }
+        assert all(
+            os.path.dirname(r["caches"]["env"][v]) == r["caches"]["root"]
+            for v in AB.ROCM_CACHE_VARS
+        )
     assert [r["ready_timeout_s"] for r in ab["runs"]] == [1800.0, 300.0]
     assert "- compile caches: 2 of 2 launches cold" in md
+    assert "TILELANG_CACHE_DIR, MIOPEN_USER_DB_PATH, MIOPEN_CUSTOM_CACHE_DIR)" in md
+
+    # Every kernel built after ready is counted, per burst and per rank where
+    # Inductor's folder tells them apart: burst 1's new image size built its
+    # kernels, burst 2 (the same size) none; each unseen size's first request
+    # built them, its repeat none. The stub wrote its start-up file before
+    # ready: not counted.
+    new = {
+        "triton": {"new": 1, "per_device": {}},
+        "inductor": {"new": 3, "per_device": {"0": 1, "1": 1}},
+    }
+    none = {
+        "triton": {"new": 0, "per_device": {}},
+        "inductor": {"new": 0, "per_device": {}},
+    }
+
+    def counts(c):
+        return {
+            k: {"new": v["new"], "per_device": v["per_device"]} for k, v in c.items()
+        }
+
+    for r in ab["runs"]:
+        bursts = r["result"]["bursts"]
+        assert [counts(b["stats"]["cache_entries"]) for b in bursts] == [new, none]
+        assert bursts[0]["stats"]["cache_entries"]["triton"]["entries"] == [
+            "size-224x224"
+        ]
+        assert bursts[0]["stats"]["cache_entries"]["inductor"]["entries"] == [
+            "fx/size-224x224.py",
+            "triton/0/size-224x224",
+            "triton/1/size-224x224",
+        ]
+        for u in r["result"]["unseen_sizes"]:
+            assert counts(u["first_cache_entries"]) == new
+            assert counts(u["repeat_cache_entries"]) == none
+        after = r["result"]["compile_caches"]
+        assert after["entries_at_ready"] == {"triton": 1, "inductor": 1}
+        assert after["new_after_ready"]["triton"]["new"] == 3
+        assert after["new_after_ready"]["inductor"]["per_device"] == {"0": 3, "1": 3}
+    cell = "Triton 1 / Inductor 3 (triton/0: 1, triton/1: 1)"
+    assert f"| {cell} |" in md  # burst 1, the table's last column
+    assert "| Triton 0 / Inductor 0 |" in md  # burst 2
+    assert f"| {cell} | Triton 0 / Inductor 0 |" in md  # unseen: first, repeat
 
     # The reviewer's three costs (test_beside_the_images.py has the CPU memory path).
     for r in ab["runs"]:

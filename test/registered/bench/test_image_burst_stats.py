@@ -49,6 +49,40 @@ def test_summarize_record_without_result_counts_every_prompt_failed():
     assert "Warmup failed" in s["harness_error"]
 
 
+def test_summarize_record_takes_bench_serving_own_fields():
+    """TTFT and tok/s are bench_serving's result fields, not recomputed from
+    the per-request lists (absent here, as without --output-details)."""
+    rec = {
+        "completed": 3,
+        "mean_ttft_ms": 123.4,
+        "median_ttft_ms": 120.0,
+        "p99_ttft_ms": 150.5,
+        "total_output_tokens": 30,
+        "output_throughput": 15.0,
+        "duration": 2.0,
+    }
+    s = B.summarize_record(rec, 4, 0, "")
+    assert s == {
+        "completed": 3,
+        "failed": 1,
+        "mean_ttft_ms": 123.4,
+        "p50_ttft_ms": 120.0,
+        "p99_ttft_ms": 150.5,
+        "output_tokens": 30,
+        "duration_s": 2.0,
+        "output_tok_s": 15.0,
+    }
+    # None completed: bench_serving writes 0s, which are no latencies.
+    none = B.summarize_record(dict(rec, completed=0, mean_ttft_ms=0.0), 4, 0, "")
+    assert (none["failed"], none["mean_ttft_ms"], none["output_tok_s"]) == (
+        4,
+        None,
+        None,
+    )
+    with pytest.raises(B.BenchError, match="5 completed of 4 prompts"):
+        B.summarize_record(dict(rec, completed=5), 4, 0, "")
+
+
 def test_parse_resolution():
     assert B.parse_resolution("512x384") == (512, 384)
     for bad in ("512", "0x5", "axb", ""):
@@ -68,7 +102,8 @@ def test_bench_serving_command_image_and_text():
     img = B.bench_serving_command(
         base_url="http://h:1", model="m", tokenizer=None, output_file="o.jsonl", cfg=cfg
     )
-    assert img[1:3] == ["-m", "sglang.bench_serving"]
+    # sglang 0.5.23's module (``sglang.bench_serving`` warns on every run).
+    assert img[1:3] == ["-m", "sglang.benchmark.serving"]
     flags = dict(zip(img[3::2], img[4::2]))
     assert img[img.index("--dataset-name") + 1] == "image"
     assert img[img.index("--image-resolution") + 1] == "224x224"

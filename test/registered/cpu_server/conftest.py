@@ -22,8 +22,8 @@ serve with one rank's failure; test_cpu_server_faults.py checks it.
 import os
 import urllib.request
 
-import psutil
 import pytest
+from cpu_support.server.cpu_server import scheduler_titles
 
 BURSTS, PROMPTS, IMAGES = 2, 2, 2
 # 224x224, patch 14, merge 2: a 16x16 patch grid, 64 image tokens.
@@ -38,25 +38,10 @@ FAULT_ENV = "FORK_FAULT_WARM_UP_RANK"
 FAULT_RANK = 1
 
 
-def _schedulers(pids):
-    """PID -> title of each live scheduler process (SGLang titles them
-    ``sglang::scheduler...``)."""
-    found = {}
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            title = " ".join(proc.cmdline()) or proc.name()
-            if proc.status() != psutil.STATUS_ZOMBIE and "sglang::scheduler" in title:
-                found[pid] = title
-        except psutil.Error:
-            continue
-    return found
-
-
 def _while_up(srv):
     with urllib.request.urlopen(f"{srv.base_url}/metrics", timeout=30) as r:
         metrics = r.read().decode()
-    return {"metrics": metrics, "schedulers": _schedulers(srv.pids())}
+    return {"metrics": metrics, "schedulers": scheduler_titles(srv.pids())}
 
 
 def _serve_tp2(work, fault_rank=None):

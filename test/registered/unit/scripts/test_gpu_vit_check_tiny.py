@@ -488,3 +488,41 @@ def test_bad_input_is_one_clear_line(bad):
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("usage:") is False and "error:" in last, proc.stderr
+
+
+def test_every_section_records_what_it_compiled_after_ready(run):
+    report, _ = run
+    built = report["built_after_ready"]
+    assert set(built["dirs"]) == {"triton", "inductor"}
+    assert list(built["sections"]) == SECTION_NAMES
+    for b in built["sections"].values():
+        assert set(b["cache_entries"]) == {"triton", "inductor"}
+        assert b["dynamo_graphs"] >= 0
+    markdown = G.to_markdown(report)
+    assert markdown.count("Compiled in this section (after ready): Dynamo graphs ") == 5
+
+
+@pytest.mark.control(
+    reason="harness: the check's kernel-build counter on folders filled in the test"
+)
+def test_kernel_builds_count_the_cache_entries_added_after_ready(tmp_path):
+    dirs = {"triton": str(tmp_path / "t"), "inductor": str(tmp_path / "i")}
+    os.makedirs(os.path.join(dirs["inductor"], "old"))
+    Path(dirs["inductor"], "old", "before-ready.py").write_text("x")
+    builds = G.KernelBuilds(dirs)
+    Path(dirs["triton"], "k1").mkdir(parents=True)
+    Path(dirs["triton"], "k1", "k.json").write_text("x")
+    Path(dirs["inductor"], "triton", "0", "h").mkdir(parents=True)
+    Path(dirs["inductor"], "triton", "0", "h", "k.json").write_text("x")
+    first = builds.take()
+    assert first["dynamo_graphs"] == 0
+    assert first["cache_entries"]["triton"]["entries"] == ["k1"]
+    assert first["cache_entries"]["inductor"]["per_device"] == {"0": 1}
+    assert builds.take()["cache_entries"]["triton"]["new"] == 0  # nothing new since
+    report, sections = _built_report()
+    report.update(sections, complete=True)
+    report["built_after_ready"] = dict(builds.summary(), sections={"steps": first})
+    assert (
+        "Compiled in this section (after ready): Dynamo graphs 0; "
+        "Triton 1 / Inductor 1 (triton/0: 1)." in G.to_markdown(report)
+    )
