@@ -6,7 +6,7 @@
 2. The tiny Qwen3-VL CPU server (``sglang.launch_server``, TP2,
    ``--mm-enable-dp-encoder``, ROCm decision simulated for the ViT gate only),
    pristine SGLang 0.5.23 vs the series, a fresh server per run: text warm-up,
-   two image bursts through ``sglang.bench_serving``, then the seed-style table
+   two image bursts through ``sglang.benchmark.serving``, then the seed-style table
    (Build, Burst, Mean TTFT, P99 TTFT, Output tok/s, images per rank and
    encoder calls from ``/metrics`` (the series build; n/a on pristine),
    compiles after ready). Small defaults so it finishes in a few minutes on

@@ -4,7 +4,7 @@
 For each of ``--runs N`` rounds, build A (pristine sglang) then build B (the
 series applied): launch a fresh ``sglang.launch_server``, wait for
 ``/health``, run the text warm-up and the image bursts with
-``bench_image_burst.run_bursts`` (``sglang.bench_serving`` underneath), stop
+``bench_image_burst.run_bursts`` (``sglang.benchmark.serving`` underneath), stop
 the server (its whole process group, by PID), next. The two installs are
 given as two Python interpreters (``--a-python``/``--b-python``) and/or two
 ``--target`` trees (``--a-target``/``--b-target``: a folder holding an
