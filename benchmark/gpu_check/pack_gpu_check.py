@@ -358,7 +358,7 @@ def main(argv=None) -> int:
         f"({len(manifest['series']['patches'])} patches), compiled wheels for {manifest['compiled_python']}"
     )
     print(
-        f'on the GPU box: timeout 280 python3 {os.path.basename(args.out)} --out "$OUT"  (docs/benchmarks.md)'
+        f'on the GPU box: timeout 280 python3 {os.path.basename(args.out)} --out "$OUT"  (benchmark/gpu_check/README.md)'
     )
     return 0
 

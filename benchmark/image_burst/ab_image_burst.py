@@ -20,7 +20,7 @@ build), compiles after ready, each the median across runs with the spread
 numbers to ``--out-dir``/ab.json after every finished run (a temp file
 renamed over it, so a failed launch later keeps every finished run; it says
 ``"complete": false`` and the error until the last run is in) and the table
-to ab.md at the end. Ready-made GPU invocations: docs/benchmarks.md
+to ab.md at the end. Ready-made GPU invocations: benchmark/image_burst/README.md
 ("Image-burst A/B").
 
 Before the first timed launch (GPU runs), the model is fetched untimed:
@@ -39,7 +39,7 @@ A text warm-up that completes no request stops the whole A/B at once.
 server gets untimed mixed warm-up bursts and then ``--mixed-bursts`` closed-loop
 bursts of mixed image sizes with repeats and a bad input
 (``bench_image_burst.run_mixed``); the table then shows bursts per minute,
-requests/s, TTFT mean/P99 and the load average per run (docs/benchmarks.md,
+requests/s, TTFT mean/P99 and the load average per run (benchmark/image_burst/README.md,
 "Mixed traffic"). ``--omp-threads`` (``--cpu``) sets the CPU server's
 ``OMP_NUM_THREADS``; 0 leaves it unset (torch's default threads).
 
@@ -1297,7 +1297,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--b-extra-args", default="", help="launch flags for build B only")
     g = p.add_argument_group(
-        "beside the images (the reviewer's three costs; docs/benchmarks.md)"
+        "beside the images (the reviewer's three costs; benchmark/image_burst/README.md)"
     )
     g.add_argument(
         "--text-stream-concurrency",

@@ -54,7 +54,7 @@ kernel is its hash folder; an Inductor entry a file, or under
 ``--mixed``: closed-loop bursts of mixed image sizes (from the
 processor's 32x32 floor up), repeats of the previous burst's images and an
 undecodable image, sent with bench_serving's chat-completions request function
-(see ``mixed_plan`` and docs/benchmarks.md, "Mixed traffic"); reports bursts
+(see ``mixed_plan`` and benchmark/image_burst/README.md, "Mixed traffic"); reports bursts
 per minute, requests/s and TTFT mean/P99.
 
 Example (a server on :30000)::
@@ -1017,7 +1017,7 @@ def run_bursts(
 ) -> dict:
     """Text warm-up (optional) then ``bursts`` image bursts; the raw results.
 
-    The reviewer's three costs (docs/benchmarks.md, "Beside the images"):
+    The reviewer's three costs (benchmark/image_burst/README.md, "Beside the images"):
     ``text_stream`` (``{"concurrency": N, "output_len": L}``) runs a text-only
     stream of N concurrent requests during every image burst and records its
     TTFTs, all of them and those sent while the burst's image requests were in

@@ -35,7 +35,7 @@ a reference splitter that re-runs the DP load balancer on the growing
 call for every image. Both must give the same calls;
 the run stops with an error if they do not.
 
-Example (the docs/benchmarks.md table):
+Example (the benchmark/vit/README.md table):
     .venv/bin/python benchmark/vit/bench_vit_cap.py --caps 1,512,1024,2048,4096,none
     .venv/bin/python benchmark/vit/bench_vit_cap.py --splitter-only
 """

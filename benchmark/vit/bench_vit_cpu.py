@@ -30,7 +30,7 @@ emptied, it is the growth of the process's peak RSS (VmHWM, reset via
 /proc/self/clear_refs) over its RSS when the phase starts; for 2 ranks, the
 larger of the two.
 
-Example (the docs/benchmarks.md table):
+Example (the benchmark/vit/README.md table):
     .venv/bin/python benchmark/vit/bench_vit_cpu.py --repeats 7
 """
 

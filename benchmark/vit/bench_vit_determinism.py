@@ -23,7 +23,7 @@ through ``get_image_feature([item])`` on its own, assembled like the step.
     is the step's compute and does not grow with other load on the machine);
     "CPU vs off" compares CPU times.
 
-Example (the docs/benchmarks.md tables):
+Example (the benchmark/vit/README.md tables):
     .venv/bin/python benchmark/vit/bench_vit_determinism.py
 """
 

@@ -110,7 +110,7 @@ def threads_per_rank(tp_size: int, cpus: Optional[Sequence[int]] = None) -> int:
     rank keeps torch's default, one thread per CPU: at TP2 on 2 CPUs that is 4
     OpenMP threads on 2 cores, and when both ranks run the DP encoder at once
     their parallel regions wait on threads the other rank's are holding
-    (docs/benchmarks.md, "Mixed traffic"). ``OMP_NUM_THREADS`` set to this
+    (benchmark/image_burst/README.md, "Mixed traffic"). ``OMP_NUM_THREADS`` set to this
     value gives each rank its share.
     """
     if tp_size < 1:

@@ -1,6 +1,6 @@
 """benchmark/vit/bench_vit_cpu.py, run as documented on a very small tower.
 
-The script's numbers are the issue's evidence (docs/benchmarks.md), so it
+The script's numbers are the issue's evidence (benchmark/vit/README.md), so it
 must keep running: one row per (setting, size, attention), each measured in
 its own processes, and a table whose speed-up column is the ratio of the
 medians it prints. The script runs once; two tests read its table:
