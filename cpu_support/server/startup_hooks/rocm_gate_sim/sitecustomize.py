@@ -11,26 +11,27 @@ On a CPU, SGLang batches ViT cache misses across requests like CUDA does. To
 show the ROCm decision on the CPU server, this hook patches sglang's modules
 right after they are imported (``cpu_support/server/startup_hooks/post_import.py``):
 
-* series build (``mm_schedule._batch_vit_across_requests`` exists): that
-  gate, ``mm_utils.hip_dp_encoder_batches_vit`` and the vision warm-up's
-  ``vision_warmup.vision_warm_up_decision`` (which the post-load hook asks on
-  every rank) are evaluated under ``override_platform(is_hip=True)``. The
-  warm-up decision's result is written to stderr once per distinct answer
-  (``vision_warm_up_decision -> True``),
-  so a server log shows that the warm-up decided as on ROCm; the warm-up's
-  tower calls themselves run outside the override;
-* pristine build (no such attribute): the module global ``_is_hip`` that its
-  inline ``if _is_hip or _is_npu or _is_xpu:`` reads is set to True, which
-  forces the old per-request path.
+* both builds: the module global ``_is_hip`` of ``mm_schedule`` is set to
+  True. Pristine's inline ``if _is_hip or _is_npu or _is_xpu:`` then takes
+  the per-request path; the series' gate ``_batch_vit_across_requests``
+  reads the same flag;
+* series build (``mm_utils.hip_dp_encoder_batches_vit`` exists): that
+  helper (in ``mm_utils`` and where ``mm_schedule`` imported it) and the
+  warm-up's ``mm_utils.vision_warm_up_needed`` (which each model's post-load
+  hook asks on every rank) are evaluated under
+  ``override_platform(is_hip=True)``. The warm-up decision's result is
+  written to stderr once per distinct answer (``vision_warm_up_needed ->
+  True``), so a server log shows that the warm-up decided as on ROCm; the
+  warm-up's tower calls themselves run outside the override.
 
 Nothing else sees ROCm: a process-wide override would send other code down
-ROCm-only kernels. The override in the series case is scoped to the gate's
-own call (the gate's, the warm-up decision's). The wrappers pass every positional and keyword argument through,
+ROCm-only kernels. The override in the series case is scoped to the helper's
+and the warm-up decision's own calls. The wrappers pass every positional and keyword argument through,
 so a gate that takes arguments (e.g. the encoder function) keeps them.
 
 Images per rank are not logged here: the burst harness reads them from the
-series' ``sglang:encoder_dp_rank_grids_total`` on ``/metrics`` (one series
-per scheduler, by its ``tp_rank`` label).
+series' metrics on ``/metrics`` (one series per scheduler, by its
+``tp_rank`` label).
 """
 
 import os
@@ -51,7 +52,6 @@ from cpu_support.server.startup_hooks.post_import import (  # noqa: E402
 _ENV = "FORK_DEMO_SIMULATE_ROCM_GATE"
 _MM_UTILS = "sglang.srt.multimodal.mm_utils"
 _MM_SCHEDULE = "sglang.srt.managers.mm_schedule"
-_VISION_WARMUP = "sglang.srt.multimodal.vision_warmup"
 _TAG = "fork demo ROCm gate simulation"
 
 
@@ -81,50 +81,38 @@ def _under_hip(fn, report=False):
 def _patch_mm_utils(mod):
     if os.environ.get(_ENV) != "1":
         return
-    fn = getattr(mod, "hip_dp_encoder_batches_vit", None)
-    if fn is not None and not getattr(fn, "__fork_rocm_sim__", False):
-        mod.hip_dp_encoder_batches_vit = _under_hip(fn)
-        _log(
-            "mm_utils.hip_dp_encoder_batches_vit evaluates under override_platform(is_hip=True)"
-        )
+    for name, report in (
+        ("hip_dp_encoder_batches_vit", False),
+        ("vision_warm_up_needed", True),
+    ):
+        fn = getattr(mod, name, None)
+        if fn is not None and not getattr(fn, "__fork_rocm_sim__", False):
+            setattr(mod, name, _under_hip(fn, report=report))
+            _log(f"mm_utils.{name} evaluates under override_platform(is_hip=True)")
 
 
 def _patch_mm_schedule(mod):
     if os.environ.get(_ENV) != "1":
         return
-    fn = getattr(mod, "_batch_vit_across_requests", None)
-    if fn is not None:
-        if not getattr(fn, "__fork_rocm_sim__", False):
-            mod._batch_vit_across_requests = _under_hip(fn)
-            _log(
-                "series build: mm_schedule._batch_vit_across_requests evaluates "
-                "under override_platform(is_hip=True)"
-            )
-    elif hasattr(mod, "_is_hip"):
-        mod._is_hip = True
-        _log("pristine build: mm_schedule._is_hip = True (per-request ViT path)")
-    else:
-        _log(
-            "mm_schedule has neither _batch_vit_across_requests nor _is_hip; "
-            "nothing patched"
-        )
-
-
-def _patch_vision_warmup(mod):
-    if os.environ.get(_ENV) != "1":
+    if not hasattr(mod, "_is_hip"):
+        _log("mm_schedule has no _is_hip; nothing patched")
         return
-    fn = getattr(mod, "vision_warm_up_decision", None)
-    if fn is not None and not getattr(fn, "__fork_rocm_sim__", False):
-        mod.vision_warm_up_decision = _under_hip(fn, report=True)
-        _log(
-            "vision_warmup.vision_warm_up_decision evaluates under override_platform(is_hip=True)"
-        )
+    mod._is_hip = True
+    fn = getattr(mod, "hip_dp_encoder_batches_vit", None)
+    if fn is None:
+        _log("pristine build: mm_schedule._is_hip = True (per-request ViT path)")
+        return
+    if not getattr(fn, "__fork_rocm_sim__", False):
+        mod.hip_dp_encoder_batches_vit = _under_hip(fn)
+    _log(
+        "series build: mm_schedule._is_hip = True and its "
+        "hip_dp_encoder_batches_vit evaluates under override_platform(is_hip=True)"
+    )
 
 
 _PATCHERS = {
     _MM_UTILS: _patch_mm_utils,
     _MM_SCHEDULE: _patch_mm_schedule,
-    _VISION_WARMUP: _patch_vision_warmup,
 }
 
 
