@@ -9,9 +9,12 @@ nothing; it is a forward pre-hook) so tests can count encoder calls and the
 images each call carried; ``first_dims`` records the first dimension of a
 module's input instead, for towers fed pixels or tiles. ``encoder_spy``
 counts the encoder calls themselves. ``PLATFORMS`` are the
-``override_platform`` settings; ``WarmUpLog`` / ``LogRecords`` collect log
-lines; ``post_load_hook`` is SGLang's post-load hook and ``frames_compiled``
-Dynamo's count of compiled frames. ``scheduler_vit_metrics`` runs a
+``override_platform`` settings and ``on_platform`` puts this process on one
+of them (``override_platform`` and the gate's own ``mm_schedule`` platform
+flags); ``WarmUpLog`` / ``LogRecords`` collect log lines; ``post_load_hook`` is
+SGLang's post-load hook (the model's own ``precompile_kernels_after_loading``),
+``shipped_warm_up`` reads the warm-up a model's hook asks for, and
+``frames_compiled`` Dynamo's count of compiled frames. ``scheduler_vit_metrics`` runs a
 scheduler's ``init_metrics_collector`` with ``--enable-metrics`` and publishes
 the series' ViT encoder metrics collector on a private Prometheus registry
 (``vit_metrics_collector`` builds one from given labels); ``metric_samples``
@@ -43,6 +46,29 @@ PLATFORMS = {
 }
 ROCM = PLATFORMS["ROCm"]
 CUDA = PLATFORMS["CUDA"]
+# The gate (mm_schedule._batch_vit_across_requests) reads these module flags,
+# set at import; everything else reads the platform from the runtime context.
+GATE_FLAGS = ("is_hip", "is_npu", "is_xpu")
+
+
+@contextlib.contextmanager
+def on_platform(name: str):
+    """This process on platform ``name`` (a ``PLATFORMS`` key) while inside:
+    ``override_platform`` for every reader of the runtime context, and
+    ``mm_schedule``'s ``_is_hip`` / ``_is_npu`` / ``_is_xpu`` for the gate."""
+    from sglang.srt.managers import mm_schedule
+    from sglang.srt.runtime_context import override_platform
+
+    facts = PLATFORMS[name]
+    saved = {flag: getattr(mm_schedule, f"_{flag}") for flag in GATE_FLAGS}
+    try:
+        for flag in GATE_FLAGS:
+            setattr(mm_schedule, f"_{flag}", facts[flag])
+        with override_platform(**facts):
+            yield
+    finally:
+        for flag, value in saved.items():
+            setattr(mm_schedule, f"_{flag}", value)
 
 
 @dataclass
@@ -143,6 +169,10 @@ class LogRecords(logging.Handler):
             self.lines.append(line)
 
 
+# The vision warm-up (mm_utils.warm_up_vision_tower) logs on its module's logger.
+WARM_UP_LOGGER = "sglang.srt.multimodal.mm_utils"
+
+
 class WarmUpLog(LogRecords):
     """Collects the messages that start with "vision warm-up" (INFO and up)."""
 
@@ -178,8 +208,8 @@ class GateLines(LogRecords):
 
 
 def capture_gate_log() -> GateLines:
-    """The gate's INFO lines (``cross-request ViT batching: ...``) for the rest
-    of the process."""
+    """The gate's INFO lines (``cross-request ViT batching on ROCm: ...``) for
+    the rest of the process."""
     return capture_log(GATE_LOGGER, GateLines)
 
 
@@ -194,7 +224,7 @@ def fresh_gate_log() -> None:
 def warm_up_log():
     """A ``WarmUpLog`` on the vision warm-up's logger (set to INFO) while inside."""
     handler = WarmUpLog()
-    log = logging.getLogger("sglang.srt.multimodal.vision_warmup")
+    log = logging.getLogger(WARM_UP_LOGGER)
     previous = log.level
     log.addHandler(handler)
     log.setLevel(logging.INFO)
@@ -216,38 +246,66 @@ def post_load_hook(model) -> None:
 
 
 def shipped_warm_up(model):
-    """What the model's own ``precompile_kernels_after_loading`` hands the
-    vision warm-up, read by running that hook with the decision forced true
-    and ``warm_up_vision_tower`` recording its arguments instead of calling
-    the tower: a dict with ``tower_name``, ``tower``, ``calls``,
-    ``rope_type``, ``pass_grid_thw_list`` and ``patch_shape`` (resolved for
-    the tower), or None when the hook warms nothing (no hook, or one
-    without a vision warm-up)."""
-    from sglang.srt.multimodal import vision_warmup as W
+    """What the model's own ``precompile_kernels_after_loading`` hands
+    ``mm_utils.warm_up_vision_tower``, read by running that hook with the
+    warm-up (and ``call_on_dummy_patches``, where the hook builds its call
+    with it) replaced, in each module along the model's MRO, by recorders
+    that call no tower: a dict with ``tower_name``, ``tower``, ``calls``,
+    ``call`` (the hook's own call, None for the default), ``rope_type``,
+    ``pass_grid_thw_list`` and ``patch_shape`` (resolved for the tower; the
+    last three None for a call of the model's own, which is no rank share of
+    ``run_dp_sharded_mrope_vision_model``), or None when the hook warms
+    nothing (no hook, or one without a vision warm-up)."""
+    import sys
+
+    from sglang.srt.multimodal import mm_utils
 
     hook = getattr(model, "precompile_kernels_after_loading", None)
     if hook is None:
         return None
-    seen = []
+    seen, shapes = [], {}
 
-    def record(tower, calls, **kwargs):
-        seen.append(dict(tower=tower, calls=calls, **kwargs))
-        return 0.0
+    def record(model_, tower, calls, call=None):
+        seen.append(dict(tower=tower, calls=calls, call=call))
 
-    real = (W.vision_warm_up_decision, W.warm_up_vision_tower)
-    W.vision_warm_up_decision = lambda model: True
-    W.warm_up_vision_tower = record
+    def dummy_patches(tower, patch_shape, rope_type="rope_3d", pass_list=False):
+        call = mm_utils.call_on_dummy_patches(tower, patch_shape, rope_type, pass_list)
+        shapes[id(call)] = (patch_shape, rope_type, pass_list, call)
+        return call
+
+    patched = []
+    for cls in type(model).__mro__:
+        module = sys.modules.get(cls.__module__)
+        for name, stand_in in (
+            ("warm_up_vision_tower", record),
+            ("call_on_dummy_patches", dummy_patches),
+        ):
+            if module is not None and hasattr(module, name):
+                patched.append((module, name, getattr(module, name)))
+                setattr(module, name, stand_in)
     try:
         hook()
     finally:
-        W.vision_warm_up_decision, W.warm_up_vision_tower = real
+        for module, name, real in reversed(patched):
+            setattr(module, name, real)
+    seen = [found for found in seen if found["tower"] is not None]
     if not seen:
         return None
     (found,) = seen  # one warm-up per hook, along the whole MRO
-    if found.get("patch_shape") is None:
-        found["patch_shape"] = W.flattened_patch_shape(found["tower"])
+    tower, call = found["tower"], found["call"]
+    if call is None:  # the default: rope_3d rank shares of flattened patches
+        embed = tower.patch_embed
+        patch = embed.in_channels * embed.temporal_patch_size * embed.patch_size**2
+        found.update(rope_type="rope_3d", pass_grid_thw_list=False)
+        found["patch_shape"] = (patch,)
+    elif id(call) in shapes:
+        shape, rope_type, pass_list, _ = shapes[id(call)]
+        found.update(rope_type=rope_type, pass_grid_thw_list=pass_list)
+        found["patch_shape"] = tuple(shape(tower) if callable(shape) else shape)
+    else:  # the model's own call (InternVL's tiles, Muse Spark's images)
+        found.update(rope_type=None, pass_grid_thw_list=None, patch_shape=None)
     found["tower_name"] = next(
-        name for name, child in model.named_children() if child is found["tower"]
+        (name for name, child in model.named_modules() if child is tower), None
     )
     return found
 
@@ -431,45 +489,56 @@ def metric_total(registry, name: str, **labels) -> float:
 # The two decisions, tabulated in one process (no TP groups built)
 # ---------------------------------------------------------------------------
 
-# How the model behind the encoder was built, for each kind of model:
-# "dp" reads the flag (use_data_parallel = the flag), "not-dp" is built
-# replicated but not split (False), "ignores-flag" has no such attribute.
+# How the model behind the encoder answers ``dp_encoder_spreads_images``:
+# "dp" answers its DP-encoder choice (use_data_parallel = the flag),
+# "not-dp" answers False (built replicated, not split), "ignores-flag" has no
+# such method (a model that never reads the flag).
 ENCODER_KINDS = ("dp", "not-dp", "ignores-flag")
 DECISION_PLATFORMS = ("ROCm", "CUDA", "NPU", "XPU", "CPU")
 
 
 class DecisionModel:
-    """The facts the decisions read from a loaded model, and nothing else: its
-    class (a subclass of SGLang's ``Qwen3VLForConditionalGeneration``, a
-    data-parallel family with a warm-up plan, built without its layers), a
-    vision tower attribute, and the DP-encoder choice it made when it was
-    built (``use_data_parallel``: the flag, False, or absent for a model that
-    never reads it). Its encoder must never run."""
+    """The facts the decisions read from a loaded model, and nothing else:
+    its class (a subclass of SGLang's ``Qwen3VLForConditionalGeneration``, a
+    data-parallel family that answers ``dp_encoder_spreads_images`` with the
+    DP-encoder choice it made when it was built, ``use_data_parallel``, built
+    without its layers), and a vision tower attribute. Without a choice
+    (``use_data_parallel=None``) it is a model of no such family: a module
+    with a tower and ``get_image_feature`` that does not answer. Its encoder
+    must never run."""
 
     def __new__(cls, use_data_parallel=None):
-        return _decision_model_class()(use_data_parallel)
+        if use_data_parallel is None:
+            return _decision_model_classes()[1]()
+        return _decision_model_classes()[0](use_data_parallel)
 
 
-_DECISION_MODEL_CLASS = None
+_DECISION_MODEL_CLASSES = None
 
 
-def _decision_model_class():
-    global _DECISION_MODEL_CLASS
-    if _DECISION_MODEL_CLASS is None:
+def _decision_model_classes():
+    global _DECISION_MODEL_CLASSES
+    if _DECISION_MODEL_CLASSES is None:
         from sglang.srt.models.qwen3_vl import Qwen3VLForConditionalGeneration
 
+        def get_image_feature(self, items):
+            raise AssertionError("a decision must not encode")
+
         class Qwen3VLDecisionModel(Qwen3VLForConditionalGeneration):
-            def __init__(self, use_data_parallel=None):
+            def __init__(self, use_data_parallel):
                 torch.nn.Module.__init__(self)
                 self.visual = torch.nn.Identity()
-                if use_data_parallel is not None:
-                    self.use_data_parallel = use_data_parallel
+                self.use_data_parallel = use_data_parallel
 
-            def get_image_feature(self, items):
-                raise AssertionError("a decision must not encode")
+        class NoAnswerDecisionModel(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.visual = torch.nn.Identity()
 
-        _DECISION_MODEL_CLASS = Qwen3VLDecisionModel
-    return _DECISION_MODEL_CLASS
+        for model_class in (Qwen3VLDecisionModel, NoAnswerDecisionModel):
+            model_class.get_image_feature = get_image_feature
+        _DECISION_MODEL_CLASSES = (Qwen3VLDecisionModel, NoAnswerDecisionModel)
+    return _DECISION_MODEL_CLASSES
 
 
 def decision_rows():
@@ -485,23 +554,17 @@ def decision_tables(rank, world_size, init_method):
     attention-TP width is published as a server of that width would publish
     it (the process builds no TP groups, so the runtime context accepts it).
 
-    Returns ``{"gate": {row: (decision, reason, helper, INFO lines)},
-    "warm_up": {row + (encoder_only,): (warm, reason)},
-    "warm_up_guards": {name: (warm, reason)}}`` for every row of
-    ``decision_rows()`` (platform, flag, attention-TP, encoder kind).
+    Returns ``{"gate": {row: (decisions, helper, INFO lines, model class)},
+    "warm_up": {row + (encoder_only,): warm}, "warm_up_guards": {name: warm}}``
+    for every row of ``decision_rows()`` (platform, flag, attention-TP,
+    encoder kind); ``helper`` is ``mm_utils.hip_dp_encoder_batches_vit()``.
     """
     from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.managers import mm_schedule
-    from sglang.srt.multimodal import vision_warmup
-    from sglang.srt.multimodal.mm_utils import hip_dp_encoder_batches_vit
+    from sglang.srt.multimodal import mm_utils
     from sglang.srt.multimodal.modality import Modality
-    from sglang.srt.runtime_context import (
-        get_disagg,
-        get_mm,
-        get_parallel,
-        override_platform,
-    )
+    from sglang.srt.runtime_context import get_disagg, get_mm, get_parallel
 
     # A one-rank process group, as a server's rank 0 has (no TP groups are
     # built).
@@ -516,9 +579,7 @@ def decision_tables(rank, world_size, init_method):
         T.publish_cpu_context(tp_size=attn_tp, dp_encoder=flag, model_path=model_dir)
         model = DecisionModel({"dp": flag, "not-dp": False, "ignores-flag": None}[kind])
         fresh_gate_log()  # as if a fresh process
-        with override_platform(**PLATFORMS[platform]), get_mm().override(
-            mm_enable_dp_encoder=flag
-        ):
+        with on_platform(platform), get_mm().override(mm_enable_dp_encoder=flag):
             first = len(records)
             # The scheduler's own gate, three times: one INFO line.
             gates = {
@@ -529,24 +590,25 @@ def decision_tables(rank, world_size, init_method):
             }
             tables["gate"][row] = (
                 gates,
-                hip_dp_encoder_batches_vit(model),
+                mm_utils.hip_dp_encoder_batches_vit(),
                 records[first:],
+                type(model).__name__,
             )
             for encoder_only in (False, True):
                 with get_disagg().override(encoder_only=encoder_only):
                     tables["warm_up"][row + (encoder_only,)] = (
-                        vision_warmup.vision_warm_up_decision(model)
+                        mm_utils.vision_warm_up_needed(model)
                     )
     # The guards after the condition, where everything else says warm.
     T.publish_cpu_context(tp_size=2, dp_encoder=True, model_path=model_dir)
     model = DecisionModel(True)
     guards = tables["warm_up_guards"]
-    with override_platform(**PLATFORMS["ROCm"]):
-        guards["warm"] = vision_warmup.vision_warm_up_decision(model)
+    with on_platform("ROCm"):
+        guards["warm"] = mm_utils.vision_warm_up_needed(model)
         with get_disagg().override(language_only=True):
-            guards["language_only"] = vision_warmup.vision_warm_up_decision(model)
+            guards["language_only"] = mm_utils.vision_warm_up_needed(model)
         with get_disagg().override(language_model_only=True):
-            guards["language_model_only"] = vision_warmup.vision_warm_up_decision(model)
+            guards["language_model_only"] = mm_utils.vision_warm_up_needed(model)
         with get_parallel().override(pp_size=2, pp_rank=1):
-            guards["pp_rank_1"] = vision_warmup.vision_warm_up_decision(model)
+            guards["pp_rank_1"] = mm_utils.vision_warm_up_needed(model)
     return tables

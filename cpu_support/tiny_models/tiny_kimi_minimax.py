@@ -96,9 +96,10 @@ TINY_MINIMAX_TEXT_HIDDEN = 96
 # ---------------------------------------------------------------------------
 # Full models: SGLang's REAL top-level classes, built encoder-only.
 #
-# The warm-up hook (``maybe_precompile_model_kernels_after_loading`` ->
-# ``warm_up_vision_encoder``) lives on the top-level class and reads its
-# ``use_data_parallel`` and its tower attribute, both set by the real
+# The warm-up hook (``maybe_precompile_model_kernels_after_loading`` -> the
+# class's ``precompile_kernels_after_loading`` -> ``warm_up_vision_tower``)
+# lives on the top-level class and reads its ``use_data_parallel`` (through
+# ``dp_encoder_spreads_images``) and its tower attribute, both set by the real
 # ``__init__`` from the published runtime context. The language models
 # (DeepSeek-V2 / V3 MLA + MoE, Kimi-Linear, MiniMax-M3 MoE with index
 # attention) are not built, and never run in these checks; each config

@@ -1,34 +1,31 @@
-"""Per model and modality: does the DP encoder spread a call, and what the cap counts.
+"""Per model and modality: does the DP encoder spread a call on ROCm.
 
 Two gloo ranks, attention-TP 2, ``--mm-enable-dp-encoder`` on, ROCm simulated
-with ``override_platform``; two single-item requests per case go through the
-real ``mm_schedule._get_chunked_prefill_embedding`` with real
+with ``mm_harness.on_platform``; two single-item requests per case go through
+the real ``mm_schedule._get_chunked_prefill_embedding`` with real
 ``MultimodalDataItem`` objects and the model's bound ``get_*_feature``.
 
 * InternVL (``InternVLChatModel``, tiles split evenly) and Muse Spark
-  (``MuseSparkForConditionalGeneration``, its own runner) spread their images:
-  one cross-request call. Both are real tiny models that really encode; Muse
-  Spark is built by its real ``__init__`` in the encoder-only branch (its
-  decoder needs a CUDA stream to build), which builds the same NaViT tower,
-  adapter and projection as a full server.
+  (``MuseSparkForConditionalGeneration``, its own runner) spread their images
+  (each answers ``dp_encoder_spreads_images``): one cross-request call. Both
+  are real tiny models that really encode; Muse Spark is built by its real
+  ``__init__`` in the encoder-only branch (its decoder needs a CUDA stream to
+  build), which builds the same NaViT tower, adapter and projection as a full
+  server.
 * GLM-Image and the Qwen3-Omni thinker are built whole by their real
   ``__init__`` (``use_data_parallel = True``, read from the flag) but their
-  vision towers are tensor-parallel, so they must stay one call per request,
-  and the thinker's audio is never spread. Serving either with the DP encoder
-  is broken upstream: the DP runner hands the ranks different images while
-  the tower's collectives expect the same ones, so a real image encode would
-  hang. Their ``get_image_feature`` is therefore a recording stand-in bound to
-  the real model object (the gate still sees the real class and attribute)
-  that returns zeros, one row per placeholder token. The thinker's audio
-  encode is real.
+  vision towers are tensor-parallel (GLM-Image does not answer
+  ``dp_encoder_spreads_images``, the thinker answers False), so they must stay
+  one call per request, and the thinker's audio is never spread. Serving
+  either with the DP encoder is broken upstream: the DP runner hands the
+  ranks different images while the tower's collectives expect the same ones,
+  so a real image encode would hang. Their ``get_image_feature`` is therefore
+  a recording stand-in bound to the real model object (the gate still sees
+  the real class and its answer) that returns zeros, one row per placeholder
+  token. The thinker's audio encode is real.
 * On CUDA the gate batches whatever the model (the decision table's CUDA
   rows, test_gate_prefill_paths.py); here only the thinker's audio
   runs on CUDA too, as the batched reference of its ROCm rows.
-
-The cap (``--mm-max-encoder-patches-per-call``) is checked in the unit each
-runner balances: through the real encode path on the same ranks for InternVL
-(tiles, split evenly) and Muse Spark (patches = tokens x 2**2), and in-process
-for Kimi's ``grid_thws`` items. No count ever reads ``item.feature``.
 """
 
 import logging
@@ -44,9 +41,14 @@ register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
 from cpu_support.ranks import mm_harness as H  # noqa: E402
 from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
 
-ON_ROCM = "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)"
-OFF_NOT_DP = "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)"
-OFF_AUDIO = "cross-request ViT batching: off (ROCm, audio stays per-request)"
+
+def rocm_line(batched: bool, model_class: str) -> str:
+    """The gate's INFO line on ROCm at attention-TP 2."""
+    return (
+        f"cross-request ViT batching on ROCm: {'on' if batched else 'off'} "
+        f"({model_class}, attention-TP 2)"
+    )
+
 
 # Placeholder tokens per item (model facts of the tiny configs).
 INTERNVL_TOKENS_PER_TILE = 4  # 32x32 tile, 8x8 patches = 16, pixel-shuffled by 0.5
@@ -55,18 +57,6 @@ QWEN_TOKENS = 16  # 64 patches merged 2x2
 MUSE_TOKENS = 4  # 32x32 pixels, 8x8 patches = 16, merged 2x2
 AUDIO_TOKENS = 5  # 40 mel frames after three stride-2 convolutions
 HIDDEN = 64
-
-
-class RaisingFeature:
-    """An ``item.feature`` that fails any read: the cap must not depend on
-    it, since deferred CUDA IPC swaps it on its owning rank only."""
-
-    @property
-    def shape(self):
-        raise AssertionError("the cap read item.feature")
-
-    def __getattr__(self, name):
-        raise AssertionError(f"the cap read item.feature.{name}")
 
 
 def recording_encoder(model, name, calls):
@@ -106,9 +96,9 @@ def one_item_request(item, tokens):
 
 
 def _has_series():
-    import importlib.util
+    from sglang.srt.managers import mm_schedule
 
-    return importlib.util.find_spec("sglang.srt.multimodal.vit_batching") is not None
+    return hasattr(mm_schedule, "_batch_vit_across_requests")
 
 
 def _fresh_server():
@@ -119,12 +109,10 @@ def _fresh_server():
         H.fresh_gate_log()
 
 
-def _step(encoder, requests, platform, gate_log, calls, towers=None, cap=None):
+def _step(encoder, requests, platform, gate_log, calls, towers=None):
     """One prefill step of ``requests`` through the real scheduler function,
     with ``encoder`` (a bound ``get_*_feature``) as the embedding function."""
     import contextlib
-
-    from sglang.srt.runtime_context import get_mm, override_platform
 
     _fresh_server()
     calls.clear()
@@ -133,9 +121,7 @@ def _step(encoder, requests, platform, gate_log, calls, towers=None, cap=None):
     first = len(gate_log.lines)
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.no_grad())
-        stack.enter_context(override_platform(**H.PLATFORMS[platform]))
-        if cap is not None:
-            stack.enter_context(get_mm().override(mm_max_encoder_patches_per_call=cap))
+        stack.enter_context(H.on_platform(platform))
         # run_prefill_embedding hands the scheduler ``model.get_image_feature``.
         out = H.run_prefill_embedding(
             types.SimpleNamespace(get_image_feature=encoder), requests
@@ -162,7 +148,6 @@ def _rank_worker(rank, world_size, init_method):
 
     from sglang.srt.models.glm_image_vl import GlmImageForConditionalGeneration
 
-    series = _has_series()  # pristine SGLang runs only the upstream arms
     gate_log = H.capture_gate_log()
     result = {}
     calls, towers = [], []
@@ -186,32 +171,6 @@ def _rank_worker(rank, world_size, init_method):
         )
     with torch.no_grad():
         result["internvl_alone"] = H.reference_rows(internvl, two)
-    if series:
-        # The cap in tiles per rank, for three one-image requests of 2 tiles
-        # and for images of 3 and 1 tiles (see the tests for the arithmetic).
-        three = G.pixel_requests(
-            [[2], [2], [2]], INTERNVL_TOKENS_PER_TILE, seed=6, key="cap"
-        )
-        uneven = G.pixel_requests(
-            [[3], [1]], INTERNVL_TOKENS_PER_TILE, seed=7, key="cap"
-        )
-        for name, requests, cap in (
-            ("three", three, 3),
-            ("three", three, 2),
-            ("uneven", uneven, 2),
-        ):
-            result[("internvl_cap", name, cap)] = _step(
-                internvl.get_image_feature,
-                requests,
-                "ROCm",
-                gate_log,
-                calls,
-                towers,
-                cap=cap,
-            )
-        result["internvl_units"] = _units(
-            internvl, three[0].items[0], 2 * INTERNVL_TOKENS_PER_TILE
-        )
     handle.remove()
 
     # --- Muse Spark: real tiny model, its own runner.
@@ -234,12 +193,6 @@ def _rank_worker(rank, world_size, init_method):
         )
     with torch.no_grad():
         result["muse_alone"] = H.reference_rows(muse, images[:2])
-    if series:
-        # 16 patches an image, 16 patches a rank: two images per call.
-        result["muse_cap16"] = _step(
-            muse.get_image_feature, images, "ROCm", gate_log, calls, towers, cap=16
-        )
-        result["muse_units"] = _units(muse, images[0].items[0], MUSE_TOKENS)
     handle.remove()
 
     # --- GLM-Image: built whole; its vision MLP is tensor-parallel.
@@ -303,25 +256,6 @@ def _built(model, attribute, vision_fc1):
     )
 
 
-def _units(model, item, tokens):
-    """What the cap counts for ``item`` with this model's DP encoder, with
-    its real feature and with a feature that must not be read."""
-    from sglang.srt.multimodal.modality import Modality
-    from sglang.srt.multimodal.vit_batching import dp_encoder_of, item_encoder_units
-
-    dp = dp_encoder_of(model.get_image_feature, Modality.IMAGE)
-    counted = item_encoder_units(item, tokens, dp, model)
-    real = item.feature
-    item.feature = RaisingFeature()
-    try:
-        unread = item_encoder_units(item, tokens, dp, model)
-    except AssertionError as read:  # reported, and the other cases still run
-        unread = str(read)
-    finally:
-        item.feature = real
-    return {"runner": dp.runner if dp else None, "units": counted, "unread": unread}
-
-
 @pytest.fixture(scope="module")
 def ranks():
     return run_on_ranks(_rank_worker, 2, timeout=500)
@@ -370,7 +304,7 @@ def test_rocm_dp_model_takes_both_requests_in_one_call(ranks, model):
         step = r[(model, "ROCm")]
         assert step["calls"] == [2]
         assert step["towers"] == [1]
-        assert step["gate"] == _gate(rank, ON_ROCM)
+        assert step["gate"] == _gate(rank, rocm_line(True, BUILT[model][0]))
         torch.testing.assert_close(
             step["out"], r[f"{model}_alone"], rtol=1e-4, atol=1e-5
         )
@@ -380,25 +314,27 @@ def test_rocm_dp_model_takes_both_requests_in_one_call(ranks, model):
 
 
 @pytest.mark.parametrize(
-    "case,model,line",
+    "case,model,logged",
     [
-        ("glm_image", "glm_image", OFF_NOT_DP),
-        ("thinker_image", "thinker", OFF_NOT_DP),
-        ("thinker_audio", "thinker", OFF_AUDIO),
+        ("glm_image", "glm_image", True),
+        ("thinker_image", "thinker", True),
+        ("thinker_audio", "thinker", False),
     ],
     ids=["glm-image", "qwen3-omni-image", "qwen3-omni-audio"],
 )
-def test_rocm_not_spread_stays_one_call_per_request(ranks, case, model, line):
+def test_rocm_not_spread_stays_one_call_per_request(ranks, case, model, logged):
     """GLM-Image's and the Qwen3-Omni thinker's images, and the thinker's
-    audio: one encoder call per request on ROCm, and the gate says why once,
-    on TP rank 0, although the real class says ``use_data_parallel = True``
-    (its vision MLP being tensor-parallel)."""
+    audio: one encoder call per request on ROCm, although the real class says
+    ``use_data_parallel = True`` (its vision MLP being tensor-parallel). For
+    images the gate says "off" once, on TP rank 0, naming the model; audio is
+    no ViT work and stays per request without a line."""
+    line = rocm_line(False, BUILT[model][0])
     tokens = AUDIO_TOKENS if case == "thinker_audio" else QWEN_TOKENS
     for rank, r in enumerate(ranks):
         assert r[("built", model)] == BUILT[model]
         step = r[(case, "ROCm")]
         assert step["calls"] == [1, 1]
-        assert step["gate"] == _gate(rank, line)
+        assert step["gate"] == (_gate(rank, line) if logged else [])
         assert tuple(step["out"].shape) == (2 * tokens, HIDDEN)
     if case == "thinker_audio":
         # The audio tower really ran, every rank on the same clip: the ranks
@@ -409,112 +345,3 @@ def test_rocm_not_spread_stays_one_call_per_request(ranks, case, model, line):
         torch.testing.assert_close(
             rocm[0], ranks[0][(case, "CUDA")]["out"], rtol=1e-4, atol=1e-5
         )
-
-
-# ---------------------------------------------------------------------------
-# The cap counts what each runner balances
-# ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "name,cap,calls,per_rank",
-    [
-        # 3 images x 2 tiles = 6 tiles, split evenly: 3 a rank, within 3.
-        ("three", 3, [3], [3]),
-        # Within 2 a rank: 2 images (4 tiles, 2 a rank), then 1 (2 tiles, 1 a rank).
-        ("three", 2, [2, 1], [2, 1]),
-        # 3 + 1 tiles split evenly: 2 a rank, within 2 (a balancer of whole
-        # images would put the 3-tile image on one rank and split the call).
-        ("uneven", 2, [2], [2]),
-    ],
-    ids=["6-tiles-cap-3", "6-tiles-cap-2", "3+1-tiles-cap-2"],
-)
-def test_internvl_cap_counts_tiles_split_evenly(ranks, name, cap, calls, per_rank):
-    for rank, r in enumerate(ranks):
-        step = r[("internvl_cap", name, cap)]
-        assert step["calls"] == calls
-        assert step["towers"] == per_rank  # tiles each rank's InternViT encoder got
-        assert step["gate"] == _gate(rank, ON_ROCM)
-
-
-def test_internvl_item_counts_tiles_from_its_tokens(ranks):
-    """A 2-tile image (8 placeholder tokens, 4 a tile) counts 2, without
-    reading its feature."""
-    for r in ranks:
-        assert r["internvl_units"] == {"runner": "tiles", "units": 2, "unread": 2}
-
-
-def test_muse_spark_cap_counts_patches(ranks):
-    """A 32x32 image is 16 patches (4 tokens x 2**2); at 16 patches a rank the
-    balancer fits two images in a call (one a rank), so three images take
-    calls of 2 and 1; the lone image goes to rank 0."""
-    for rank, r in enumerate(ranks):
-        assert r["muse_units"] == {"runner": "own", "units": 16, "unread": 16}
-        step = r["muse_cap16"]
-        assert step["calls"] == [2, 1]
-        assert step["gate"] == _gate(rank, ON_ROCM)
-    assert [r["muse_cap16"]["towers"] for r in ranks] == [[1, 1], [1]]
-
-
-def _kimi_k25_built_data_parallel():
-    """SGLang's real ``KimiK25ForConditionalGeneration``, its construction
-    choice set as its ``__init__`` sets it under the flag, and nothing else
-    built (the cap only asks the class and that choice)."""
-    from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
-
-    model = KimiK25ForConditionalGeneration.__new__(KimiK25ForConditionalGeneration)
-    torch.nn.Module.__init__(model)
-    model.use_data_parallel = True
-    return model
-
-
-def _grid_thws_item(grids, feature):
-    """A Kimi image as its HF processor names the grid: ``grid_thws`` only."""
-    from sglang.srt.managers.schedule_batch import Modality, MultimodalDataItem
-
-    item = MultimodalDataItem(modality=Modality.IMAGE, feature=feature)
-    item.model_specific_data["grid_thws"] = torch.tensor(grids)
-    return item
-
-
-@pytest.mark.parametrize(
-    "grids,patches",
-    [([[1, 4, 6]], 24), ([[1, 4, 6], [2, 2, 2]], 32)],
-    ids=["one-grid", "two-grids"],
-)
-@pytest.mark.parametrize("feature", ["pixels", "unreadable"])
-def test_kimi_grid_thws_item_counts_t_h_w(grids, patches, feature):
-    """t*h*w summed over the grids, whether or not the DP encoder spreads it;
-    neither a pixel tensor's first dimension (1 here) nor an unreadable
-    feature changes it."""
-    from sglang.srt.multimodal.modality import Modality
-    from sglang.srt.multimodal.vit_batching import dp_encoder_of, item_encoder_units
-
-    value = (
-        torch.zeros(1, patches * 3 * 14 * 14)
-        if feature == "pixels"
-        else RaisingFeature()
-    )
-    item = _grid_thws_item(grids, value)
-    model = _kimi_k25_built_data_parallel()
-    dp = dp_encoder_of(model.get_image_feature, Modality.IMAGE)
-    assert dp is not None and dp.runner == "mrope"
-    tokens = patches // 4  # merged 2x2
-    assert item_encoder_units(item, tokens, dp, model) == patches
-    assert item_encoder_units(item, tokens, None) == patches
-
-
-@pytest.mark.parametrize(
-    "units,cap,balanced,groups",
-    [
-        ([2, 2, 2], 3, False, [[0, 1, 2]]),  # 3 a rank
-        ([2, 2, 2], 3, True, [[0, 1], [2]]),  # one rank would take 4
-        ([3, 1], 2, False, [[0, 1]]),  # 2 a rank
-        ([3, 1], 2, True, [[0], [1]]),  # the 3 alone exceeds 2
-    ],
-    ids=["even-6-cap-3", "balanced-6-cap-3", "even-3+1-cap-2", "balanced-3+1-cap-2"],
-)
-def test_call_groups_on_two_ranks(units, cap, balanced, groups):
-    from sglang.srt.multimodal.vit_batching import encoder_call_groups
-
-    assert encoder_call_groups(units, cap, 2, balanced) == groups

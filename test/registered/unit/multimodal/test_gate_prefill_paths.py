@@ -1,15 +1,14 @@
 """The platform gate for cross-request ViT batching, against SGLang's real code.
 
 The decision itself is one table (every platform x DP-encoder flag x
-attention-TP x encoder row, its reason and its INFO line). Everything else
-runs the real ``mm_schedule._get_chunked_prefill_embedding`` with SGLang's
-real Qwen3-VL (tiny sizes, random weights) on CPU and asserts which path ran:
-the gate's INFO line (its reason) and the encoder calls, with how many images
-each, observed with a forward pre-hook on the real vision tower, and where a
-test says so the series' DEBUG record of each encoder call (its path label:
-``batched``, ``per_request``, ``full``). Platform facts come from
-``override_platform``; the attention-TP width and the DP encoder flag from the
-runtime context's own scoped overrides.
+attention-TP x encoder row, and its INFO line). Everything else runs the real
+``mm_schedule._get_chunked_prefill_embedding`` with SGLang's real Qwen3-VL
+(tiny sizes, random weights) on CPU and asserts which path ran: the gate's
+INFO line and the encoder calls, with how many images each, observed with a
+forward pre-hook on the real vision tower. Platform facts come from
+``mm_harness.on_platform`` (``override_platform`` and the gate's own
+``mm_schedule`` flags); the attention-TP width and the DP encoder flag from
+the runtime context's own scoped overrides.
 """
 
 import contextlib
@@ -26,37 +25,37 @@ from cpu_support.ranks import mm_harness as H  # noqa: E402
 from cpu_support.ranks.gloo import free_port, run_on_ranks  # noqa: E402
 from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
 
-METRICS_LOGGER = "sglang.srt.observability.metrics_collector"
 
-
-def expected_gate(platform: str, flag: bool, attn_tp: int, kind: str):
-    """The rule, as the issues state it (not as the code computes it):
-    (batched, reason). A "dp" model is built data-parallel exactly when the
-    flag is on."""
-    if platform == "CUDA":
-        return True, "CUDA"
-    if platform == "CPU":
-        return True, "batching platform"
+def expected_gate(platform: str, flag: bool, attn_tp: int, kind: str) -> bool:
+    """The rule, as the issues state it (not as the code computes it). A "dp"
+    model answers that its encoder spreads images exactly when the flag is
+    on; "not-dp" answers False; "ignores-flag" does not answer."""
+    if platform in ("CUDA", "CPU"):
+        return True
     if platform in ("NPU", "XPU"):
-        return False, platform
-    if not flag:
-        return False, "ROCm, no DP encoder"
-    if attn_tp <= 1:
-        return False, f"ROCm, attention-TP {attn_tp}"
-    if kind != "dp":
-        return False, "ROCm, vision encoder not data-parallel"
-    return True, f"ROCm, DP encoder, attention-TP {attn_tp}"
+        return False
+    return flag and attn_tp > 1 and kind == "dp"
 
 
-def gate_line(batched: bool, reason: str) -> str:
-    return f"cross-request ViT batching: {'on' if batched else 'off'} ({reason})"
+def gate_line(batched: bool, model_class: str, attn_tp: int) -> str:
+    return (
+        f"cross-request ViT batching on ROCm: {'on' if batched else 'off'} "
+        f"({model_class}, attention-TP {attn_tp})"
+    )
 
 
-def gate_lines(platform: str, batched: bool, reason: str) -> list:
-    """ROCm, the one platform that chooses per model, says what it chose."""
+def gate_lines(platform: str, batched: bool, model_class: str, attn_tp: int) -> list:
+    """ROCm, the one platform that asks the model, says what it chose."""
     if platform != "ROCm":
         return []
-    return [(logging.INFO, gate_line(batched, reason))]
+    return [(logging.INFO, gate_line(batched, model_class, attn_tp))]
+
+
+DECISION_CLASSES = {
+    "dp": "Qwen3VLDecisionModel",
+    "not-dp": "Qwen3VLDecisionModel",
+    "ignores-flag": "NoAnswerDecisionModel",
+}
 
 
 # ---------------------------------------------------------------------------
@@ -65,17 +64,20 @@ def gate_lines(platform: str, batched: bool, reason: str) -> list:
 
 
 def test_gate_decision_table(decision_tables):
-    """The scheduler's gate (asked three times, logged once at INFO with its
-    reason) and mm_utils.hip_dp_encoder_batches_vit given the model."""
+    """The scheduler's gate (asked three times, logged once at INFO on ROCm)
+    and mm_utils.hip_dp_encoder_batches_vit(), the server's question (ROCm,
+    flag, attention-TP > 1), asked with no model."""
     wrong = []
     for row in H.decision_rows():
-        gates, helper, lines = decision_tables["gate"][row]
-        batched, reason = expected_gate(*row)
-        got = (gates, helper, lines)
+        platform, flag, attn_tp, kind = row
+        gates, helper, lines, model_class = decision_tables["gate"][row]
+        batched = expected_gate(*row)
+        got = (gates, helper, lines, model_class)
         want = (
             {batched},
-            row[0] == "ROCm" and batched,
-            gate_lines(row[0], batched, reason),
+            platform == "ROCm" and flag and attn_tp > 1,
+            gate_lines(platform, batched, DECISION_CLASSES[kind], attn_tp),
+            DECISION_CLASSES[kind],
         )
         if got != want:
             wrong.append((row, got, want))
@@ -83,29 +85,30 @@ def test_gate_decision_table(decision_tables):
 
 
 def test_the_model_fact_is_read_from_the_bound_encoder():
-    """A bound method, a partial of one and the model itself all name the same
-    model; a plain function names none (not known to be data-parallel)."""
-    import functools
-
+    """On ROCm with the DP encoder at attention-TP 2 (the server's question
+    says batch), the gate asks the model behind a bound encoder method; a
+    model that answers False or does not answer, and a plain function (no
+    model behind it), stay per request."""
+    from sglang.srt.managers import mm_schedule
     from sglang.srt.multimodal.modality import Modality
-    from sglang.srt.multimodal.vit_batching import dp_encoder_of, encoder_owner
 
-    def spreads(encoder):
-        return dp_encoder_of(encoder, Modality.IMAGE) is not None
-
-    model = H.DecisionModel(True)
-    for encoder in (
-        model.get_image_feature,
-        functools.partial(model.get_image_feature),
-        model,
-    ):
-        assert encoder_owner(encoder) is model
-        assert spreads(encoder) is True
-    assert spreads(H.DecisionModel(False).get_image_feature) is False
-    assert spreads(H.DecisionModel().get_image_feature) is False
-    assert encoder_owner(lambda items: items) is None
-    assert spreads(lambda items: items) is False
-    assert spreads(None) is False
+    T.publish_cpu_context(tp_size=2, dp_encoder=True)
+    H.fresh_gate_log()
+    try:
+        with H.on_platform("ROCm"):
+            decided = [
+                mm_schedule._batch_vit_across_requests(encoder, Modality.IMAGE)
+                for encoder in (
+                    H.DecisionModel(True).get_image_feature,
+                    H.DecisionModel(False).get_image_feature,
+                    H.DecisionModel().get_image_feature,
+                    lambda items: items,
+                )
+            ]
+    finally:
+        H.fresh_gate_log()
+        T.publish_cpu_context(tp_size=1)
+    assert decided == [True, False, False, False]
 
 
 # ---------------------------------------------------------------------------
@@ -139,7 +142,7 @@ def tower_calls(model):
 def setting(platform: str, dp_encoder: bool):
     """Scoped platform + DP-encoder flag, as a fresh process (the gate's
     once-per-process log is reset); yields the gate's log lines."""
-    from sglang.srt.runtime_context import get_mm, get_parallel, override_platform
+    from sglang.srt.runtime_context import get_mm, get_parallel
 
     assert get_parallel().attn_tp_size == 1
     H.fresh_gate_log()
@@ -149,7 +152,7 @@ def setting(platform: str, dp_encoder: bool):
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     try:
-        with override_platform(**H.PLATFORMS[platform]), get_mm().override(
+        with H.on_platform(platform), get_mm().override(
             mm_enable_dp_encoder=dp_encoder
         ):
             yield handler.lines
@@ -158,50 +161,18 @@ def setting(platform: str, dp_encoder: bool):
         log.setLevel(previous)
 
 
-@contextlib.contextmanager
-def encoder_call_records():
-    """The series' DEBUG line of each scheduler encoder call made inside, as
-    (path, requests, items, patches); the scheduler's metrics collector
-    (``--enable-metrics``) is published while inside, as a server's is."""
-    handler = H.LogRecords()
-    log = logging.getLogger(METRICS_LOGGER)
-    previous = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    records = []
-    try:
-        with H.scheduler_vit_metrics():
-            yield records
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(previous)
-        for _, message in handler.lines:
-            if message.startswith("ViT encoder call: "):
-                fields = dict(
-                    f.split("=", 1) for f in message.split(": ", 1)[1].split()
-                )
-                assert fields["modality"] == "image", message
-                records.append(
-                    (
-                        fields["path"],
-                        int(fields["requests"]),
-                        int(fields["items"]),
-                        int(fields["patches"]),
-                    )
-                )
-
-
 def decided(gate) -> list:
     """The gate's INFO lines in ``gate`` at attention-TP 1 (ROCm's one)."""
     platform, flag = gate
-    return gate_lines(platform, *expected_gate(platform, flag, 1, "dp"))
+    batched = expected_gate(platform, flag, 1, "dp")
+    return gate_lines(platform, batched, "Qwen3VLForConditionalGeneration", 1)
 
 
 def per_path(gate, requests_images):
     """Images per encoder call: one call for the step when batching, one per
     request (with images in its window) otherwise."""
     counts = [n for n in requests_images if n]
-    if expected_gate(*gate, 1, "dp")[0]:
+    if expected_gate(*gate, 1, "dp"):
         return [sum(counts)] if counts else []
     return counts
 
@@ -270,22 +241,15 @@ BOTH_PATHS_KEPT = pytest.mark.parametrize(
 @BOTH_PATHS
 def test_cache_hits_skip_the_encoder(model, tower_calls, gate):
     """The one test of a step whose every item hits the cache: no encoder
-    call, and nothing recorded (no DEBUG line, so no metrics sample)."""
+    call."""
     requests = _two_single_image_requests()
     with torch.no_grad(), setting(*gate) as lines:
-        with encoder_call_records() as first_records:
-            first = H.run_prefill_embedding(model, requests)
+        first = H.run_prefill_embedding(model, requests)
         assert [len(c) for c in tower_calls.calls] == per_path(gate, [1, 1])
         tower_calls.reset()
-        with encoder_call_records() as second_records:
-            second = H.run_prefill_embedding(model, requests)
+        second = H.run_prefill_embedding(model, requests)
     assert lines == decided(gate)
-    # The first step, as the series recorded it: the path the gate chose.
-    if gate == BATCHED:
-        assert first_records == [("batched", 2, 2, 64 + 96)]
-    else:
-        assert first_records == [("per_request", 1, 1, 64), ("per_request", 1, 1, 96)]
-    assert tower_calls.calls == [] and second_records == []
+    assert tower_calls.calls == []
     assert torch.equal(first, second)
 
 
@@ -318,22 +282,18 @@ def test_multi_span_items_take_the_full_path(model, tower_calls, gate):
     item.offsets = [(start, start + half - 1), (start + half + 3, end + 3)]
     video_req.length += 3
     requests = [single, video_req, other]
-    with encoder_call_records() as records:
-        out, reference = one_step(model, tower_calls, gate, requests)
+    out, reference = one_step(model, tower_calls, gate, requests)
     if gate == BATCHED:
         # The two single-span images in one call, the video in its own.
         assert sorted(tower_calls.calls, key=len) == [
             [(1, 8, 8)],
             [(1, 8, 8), (1, 8, 12)],
         ]
-        first = [("batched", 2, 2, 64 + 96)]
     else:
         # One call per request, the video's included.
         assert sorted(tower_calls.calls) == [[(1, 8, 8)], [(1, 8, 8)], [(1, 8, 12)]]
-        first = [("per_request", 1, 1, 64), ("per_request", 1, 1, 96)]
-    # The video's call is the full path's (recorded after the step's others),
-    # never a batched or per-request one.
-    assert records == first + [("full", 1, 1, 64)]
+    # The video's call (the full path's) comes after the step's others.
+    assert tower_calls.calls[-1] == [(1, 8, 8)]
     torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-5)
 
 
@@ -391,7 +351,6 @@ def _rank_worker(rank, world_size, init_method, grids_per_request):
     from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     from sglang.srt.managers import mm_schedule
-    from sglang.srt.runtime_context import override_platform
 
     T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
     T.init_gloo(rank, world_size, init_method)
@@ -401,7 +360,7 @@ def _rank_worker(rank, world_size, init_method, grids_per_request):
         H.make_request(g, seed=100 + i) for i, g in enumerate(grids_per_request)
     ]
     out = {}
-    with torch.no_grad(), override_platform(**H.ROCM):
+    with torch.no_grad(), H.on_platform("ROCm"):
         H.fresh_embedding_cache()
         with H.TowerCalls().attach(model.visual) as calls:
             rows = []
@@ -436,7 +395,8 @@ def test_two_ranks_per_request_idles_a_rank_batching_feeds_both():
             == [
                 (
                     logging.INFO,
-                    "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)",
+                    "cross-request ViT batching on ROCm: on "
+                    "(Qwen3VLForConditionalGeneration, attention-TP 2)",
                 )
             ][: 1 - rank]
         )

@@ -1,11 +1,12 @@
 """The ROCm ViT batching gate with a REAL model that is not data-parallel.
 
 ``--mm-enable-dp-encoder`` on, attention-TP 2 (two gloo ranks), ROCm simulated
-with ``override_platform``. SGLang's real ``Gemma3ForConditionalGeneration``
+with ``mm_harness.on_platform``. SGLang's real ``Gemma3ForConditionalGeneration``
 (models/gemma3_mm.py, tiny sizes, random weights) never reads the flag: its
 SigLIP tower is TP-sharded, so every rank runs every encoder call and nothing
-is spread. The gate must keep it per request on ROCm (two single-image
-requests, two encoder calls) and say why; on CUDA the same Gemma3 batches. (A
+is spread, and it does not answer ``dp_encoder_spreads_images``. The gate
+must keep it per request on ROCm (two single-image requests, two encoder
+calls) and say so; on CUDA the same Gemma3 batches. (A
 data-parallel family on the same setting, one call spread over both ranks, is
 test_gate_prefill_paths.py's two-rank test.)
 
@@ -83,13 +84,11 @@ def tiny_glm_image_config():
 def _hook_warnings(model, warm_log, tower):
     """The post-load hook under ROCm (the gate's case at attention-TP 2):
     its log lines and the tower calls it made."""
-    from sglang.srt.runtime_context import override_platform
-
     seen = []
     handle = H.first_dims(tower, seen)
     first = len(warm_log.lines)
     try:
-        with override_platform(**H.ROCM):
+        with H.on_platform("ROCm"):
             H.post_load_hook(model)
     finally:
         handle.remove()
@@ -97,6 +96,7 @@ def _hook_warnings(model, warm_log, tower):
         "lines": warm_log.lines[first:],
         "tower_calls": seen,
         "dp": getattr(model, "use_data_parallel", None),
+        "answers": hasattr(model, "dp_encoder_spreads_images"),
     }
 
 
@@ -109,10 +109,8 @@ def _rank_worker(rank, world_size, init_method):
     from cpu_support.tiny_models import tiny_gemma3_internvl as G
     from cpu_support.tiny_models import tiny_qwen3_vl as T
 
-    from sglang.srt.runtime_context import override_platform
-
     gate_log = H.capture_gate_log()
-    warm_log = H.capture_log("sglang.srt.multimodal.vision_warmup")
+    warm_log = H.capture_log(H.WARM_UP_LOGGER)
     result = {}
 
     # --- Gemma3: served with --mm-enable-dp-encoder at TP 2; ignores the flag.
@@ -120,7 +118,8 @@ def _rank_worker(rank, world_size, init_method):
     T.init_gloo(rank, world_size, init_method)
     gemma = G.build_tiny_gemma3(seed=3)
     result["gemma_has_dp_attr"] = hasattr(gemma, "use_data_parallel")
-    with override_platform(**H.ROCM):
+    result["gemma_answers"] = hasattr(gemma, "dp_encoder_spreads_images")
+    with H.on_platform("ROCm"):
         # What SGLang runs on every rank after the weights load.
         first = len(warm_log.lines)
         H.post_load_hook(gemma)
@@ -130,13 +129,13 @@ def _rank_worker(rank, world_size, init_method):
     calls, towers = [], []
     gemma.get_image_feature = H.encoder_spy(gemma, count_items(calls))
     handle = H.first_dims(gemma.vision_tower, towers)
-    for name, platform in (("rocm", H.ROCM), ("cuda", H.CUDA)):
+    for name, platform in (("rocm", "ROCm"), ("cuda", "CUDA")):
         H.fresh_gate_log()  # a fresh server per platform
         H.fresh_embedding_cache()
         calls.clear()
         towers.clear()
         first = len(gate_log.lines)
-        with torch.no_grad(), override_platform(**platform):
+        with torch.no_grad(), H.on_platform(platform):
             out = H.run_prefill_embedding(gemma, requests)
         result[f"gemma_{name}"] = {
             "calls": list(calls),
@@ -183,17 +182,20 @@ def test_rocm_gemma3_two_requests_take_two_encoder_calls(ranks):
 
 
 def test_rocm_gemma3_is_not_data_parallel_and_the_gate_logs_why_at_info(ranks):
-    """Gemma3 ignores the flag (its real class sets no ``use_data_parallel``),
-    and the series' gate reads it so: off, "vision encoder not data-parallel".
-    Once per server: TP rank 0 logs the decision, rank 1 stays quiet."""
+    """Gemma3 ignores the flag (its real class sets no ``use_data_parallel``
+    and does not answer ``dp_encoder_spreads_images``), and the series' gate
+    reads it so: off, naming the model and the attention-TP width. Once per
+    server: TP rank 0 logs the decision, rank 1 stays quiet."""
     assert [r["gemma_has_dp_attr"] for r in ranks] == [False, False]
+    assert [r["gemma_answers"] for r in ranks] == [False, False]
     for rank, r in enumerate(ranks):
         assert (
             _gate_lines(r["gemma_rocm"]["gate"])
             == [
                 (
                     logging.INFO,
-                    "cross-request ViT batching: off (ROCm, vision encoder not data-parallel)",
+                    "cross-request ViT batching on ROCm: off "
+                    "(Gemma3ForConditionalGeneration, attention-TP 2)",
                 )
             ][: 1 - rank]
         )
@@ -223,11 +225,12 @@ def test_cuda_gemma3_batches_the_two_requests(ranks):
 @pytest.mark.control(reason="GLM-Image is left unwarmed on purpose, as upstream")
 def test_post_load_hook_warms_nothing_for_glm_image(ranks):
     """GLM-Image reads the flag but its vision MLP stays tensor-parallel
-    (vit_batching's class table calls it not data-parallel): built with
-    use_data_parallel, it defines no vision warm-up, so no tower call and no
-    line on any rank."""
+    (it does not answer ``dp_encoder_spreads_images``, so ROCm keeps it per
+    request): built with use_data_parallel, it defines no vision warm-up, so
+    no tower call and no line on any rank."""
     for r in ranks:
         hook = r["glm_image_hook"]
         assert hook["dp"] is True
+        assert hook["answers"] is False
         assert hook["tower_calls"] == []
         assert hook["lines"] == []

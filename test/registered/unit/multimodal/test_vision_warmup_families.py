@@ -3,13 +3,13 @@ Bailing families, against SGLang's real model classes on CPU.
 
 Each family is SGLang's real class built from a tiny random-weight config
 (``cpu_support.tiny_models.tiny_vl_family``). The hook under test is SGLang's real
-post-load hook, ``maybe_precompile_model_kernels_after_loading``, with the
-series applied. Tower calls are observed with a forward pre-hook on the real
+post-load hook, ``maybe_precompile_model_kernels_after_loading``, which runs
+the model's own ``precompile_kernels_after_loading``. Tower calls are observed with a forward pre-hook on the real
 tower (``mm_harness.TowerCalls``); compiles are Dynamo's own counter
 (``counters["frames"]["ok"]``).
 
 One smoke test per family on two gloo ranks (attention-TP 2, DP encoder on,
-ROCm through ``override_platform``: the gate's case): every rank runs the
+ROCm through ``mm_harness.on_platform``: the gate's case): every rank runs the
 family's plan before the hook returns. When the hook warms at all is one
 decision for every family, tabulated in test_vision_warmup.py. The compile
 audit (no compile after the warm-up from the 16-token floor to the
@@ -29,7 +29,7 @@ register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
 
 from cpu_support.ranks import mm_harness as H  # noqa: E402
 from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
-from cpu_support.ranks.mm_harness import PLATFORMS, TowerCalls  # noqa: E402
+from cpu_support.ranks.mm_harness import TowerCalls  # noqa: E402
 from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
 from cpu_support.tiny_models import tiny_vl_family as F  # noqa: E402
 from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP  # noqa: E402
@@ -109,13 +109,11 @@ def _tower(name, model):
 
 def _hook_calls(name, model, platform, dp_encoder, encoder_only=False):
     """Tower calls made before the hook returned, and the warm-up log lines."""
-    from sglang.srt.runtime_context import get_disagg, get_mm, override_platform
+    from sglang.srt.runtime_context import get_disagg, get_mm
 
-    with H.warm_up_log() as log, override_platform(
-        **PLATFORMS[platform]
-    ), get_mm().override(mm_enable_dp_encoder=dp_encoder), get_disagg().override(
-        encoder_only=encoder_only
-    ), TowerCalls() as seen:
+    with H.warm_up_log() as log, H.on_platform(platform), get_mm().override(
+        mm_enable_dp_encoder=dp_encoder
+    ), get_disagg().override(encoder_only=encoder_only), TowerCalls() as seen:
         seen.attach(_tower(name, model))
         H.post_load_hook(model)
     return seen.calls, log.lines
@@ -140,11 +138,9 @@ def _sweep(tower, width, calls):
 def _compile_audit(name, model):
     """From a clean Dynamo state: the real hook warms (ROCm, gate on), then
     the serving sweep and the 8000-token ceiling call."""
-    from sglang.srt.runtime_context import override_platform
-
     torch._dynamo.reset()
     audit = {"before": H.frames_compiled()}
-    with override_platform(**PLATFORMS["ROCm"]), TowerCalls() as seen:
+    with H.on_platform("ROCm"), TowerCalls() as seen:
         seen.attach(_tower(name, model))
         start = time.perf_counter()
         H.post_load_hook(model)
@@ -186,7 +182,10 @@ def test_every_rank_warms_before_the_hook_returns(ranks, name):
         calls, lines = out["hook"][name]
         assert calls == expected, (rank, calls)
         assert len(lines) == 1, lines
-        assert lines[0].startswith(f"vision warm-up (rank {rank}): grids ")
+        assert lines[0].startswith(
+            f"vision warm-up (rank {rank}, {MODEL_CLASSES[name]}): "
+            f"{len(expected)} tower calls in "
+        )
 
 
 @pytest.mark.parametrize(

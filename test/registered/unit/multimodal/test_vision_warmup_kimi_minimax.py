@@ -8,13 +8,14 @@ from a tiny random-weight config carrying ``encoder_only=True``, which builds
 the vision tower and projector and no language model
 (``cpu_support.tiny_models.tiny_kimi_minimax``; the LMs have no CPU path).
 The hook under test is SGLang's real post-load hook,
-``maybe_precompile_model_kernels_after_loading``, with the series applied.
+``maybe_precompile_model_kernels_after_loading``, which runs the model's own
+``precompile_kernels_after_loading``.
 Tower calls are observed with a forward pre-hook on the real tower (the grids
 and the keyword arguments each call got); compiles are Dynamo's own counter
 (``counters["frames"]["ok"]``).
 
 Everything runs on two gloo ranks at attention-TP 2 (ROCm through
-``override_platform``, DP encoder on: the gate's case). One smoke test per
+``mm_harness.on_platform``, DP encoder on: the gate's case). One smoke test per
 family: every rank runs the family's plan, with the keyword arguments its
 DP runner passes, before the hook returns. When the hook warms at all is one
 decision for every family, tabulated in test_vision_warmup.py.
@@ -40,9 +41,9 @@ register_cpu_ci(est_time=15, suite="stage-a-test-cpu")
 
 from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
 from cpu_support.ranks.mm_harness import (  # noqa: E402
-    PLATFORMS,
     TowerCalls,
     frames_compiled,
+    on_platform,
     post_load_hook,
     warm_up_log,
 )
@@ -52,15 +53,15 @@ from vision_warmup_audit import CEILING_CALL, SERVING_SWEEP  # noqa: E402
 GATE = ("ROCm", True)
 
 # What each family must run, written out (not read from the code under test):
-# (model class, expected tower calls, the log line's grids, keyword arguments
-#  of each tower call, pixels of one patch, pixel dtype).
+# (model class, expected tower calls, the log line's count of calls, keyword
+#  arguments of each tower call, pixels of one patch, pixel dtype).
 MOONVIT_PATCH = (3, 14, 14)
 MINIMAX_ROWS = (3 * 2 * 14 * 14,)
 FAMILIES = {
     "kimi_vl": (
         "KimiVLForConditionalGeneration",
         [[(8, 12)], [(8, 12), (16, 16)], [(40, 40)]],
-        "[[8,12]] [[8,12],[16,16]] [[40,40]]",
+        "3 tower calls",
         ("grid_hw", "max_seqlen"),
         MOONVIT_PATCH,
         torch.float32,
@@ -68,7 +69,7 @@ FAMILIES = {
     "kimi_k25": (
         "KimiK25ForConditionalGeneration",
         [[(1, 8, 12)], [(1, 8, 12), (1, 16, 16)], [(1, 40, 40)]],
-        "[[1,8,12]] [[1,8,12],[1,16,16]] [[1,40,40]]",
+        "3 tower calls",
         (),
         MOONVIT_PATCH,
         torch.float32,
@@ -76,7 +77,7 @@ FAMILIES = {
     "kimi_k3": (
         "KimiK3ForConditionalGeneration",
         [[(1, 8, 12)], [(1, 8, 12), (1, 16, 16)], [(1, 40, 40)]],
-        "[[1,8,12]] [[1,8,12],[1,16,16]] [[1,40,40]]",
+        "3 tower calls",
         ("grid_hw", "grid_thw_list", "max_seqlen"),
         MOONVIT_PATCH,
         torch.float32,
@@ -84,7 +85,7 @@ FAMILIES = {
     "minimax_vl": (
         "MiniMaxM3SparseForConditionalGeneration",
         [[(1, 10, 14)], [(1, 10, 14), (2, 8, 8)], [(1, 48, 64)]],
-        "[[1,10,14]] [[1,10,14],[2,8,8]] [[1,48,64]]",
+        "3 tower calls",
         (),
         MINIMAX_ROWS,
         torch.bfloat16,
@@ -116,13 +117,11 @@ def _family_grid(name, grid):
 def _hook_calls(model, platform, dp_encoder, encoder_only=False):
     """Tower calls (grids, keyword names) made before the hook returned, and
     the warm-up log lines."""
-    from sglang.srt.runtime_context import get_disagg, get_mm, override_platform
+    from sglang.srt.runtime_context import get_disagg, get_mm
 
-    with warm_up_log() as handler, override_platform(
-        **PLATFORMS[platform]
-    ), get_mm().override(mm_enable_dp_encoder=dp_encoder), get_disagg().override(
-        encoder_only=encoder_only
-    ), TowerCalls().attach(
+    with warm_up_log() as handler, on_platform(platform), get_mm().override(
+        mm_enable_dp_encoder=dp_encoder
+    ), get_disagg().override(encoder_only=encoder_only), TowerCalls().attach(
         model.vision_tower
     ) as seen:
         post_load_hook(model)
@@ -153,11 +152,11 @@ def _sweep(name, tower):
 def _compile_audit(name, model):
     """From a reset Dynamo: the real hook warms (ROCm, DP encoder on), then
     the serving sweep up to the 8000-token ceiling."""
-    from sglang.srt.runtime_context import get_mm, override_platform
+    from sglang.srt.runtime_context import get_mm
 
     torch._dynamo.reset()
     audit = {"before": frames_compiled()}
-    with override_platform(**PLATFORMS["ROCm"]), get_mm().override(
+    with on_platform("ROCm"), get_mm().override(
         mm_enable_dp_encoder=True
     ), TowerCalls().attach(model.vision_tower) as seen:
         start = time.perf_counter()
@@ -199,7 +198,7 @@ def ranks():
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_every_rank_warms_before_the_hook_returns(ranks, name):
-    model_class, expected, grids_text, kwarg_names, *_ = FAMILIES[name]
+    model_class, expected, calls_text, kwarg_names, *_ = FAMILIES[name]
     for rank, out in enumerate(ranks):
         # SGLang's real class, built encoder-only (no language model).
         assert out["classes"][name] == model_class
@@ -209,7 +208,7 @@ def test_every_rank_warms_before_the_hook_returns(ranks, name):
         assert kwargs == [kwarg_names] * len(expected), (rank, kwargs)
         assert len(lines) == 1, lines
         assert lines[0].startswith(
-            f"vision warm-up (rank {rank}): grids {grids_text} in "
+            f"vision warm-up (rank {rank}, {model_class}): {calls_text} in "
         ), lines[0]
 
 
