@@ -2,18 +2,18 @@
 
 Every class under SGLang's ``srt/models/`` (subfolders included) that defines
 or inherits ``get_image_feature``, ``get_video_feature`` or
-``get_audio_feature`` gets a markdown row: per modality, whether
-``--mm-enable-dp-encoder`` spreads its items over the attention-TP ranks
-(the series' ``_DP_ENCODERS`` in ``multimodal/vit_batching.py``, looked up
-along the class's bases), the unit ``--mm-max-encoder-patches-per-call``
-counts, and its vision warm-up (the ``warm_up_vision_encoder`` call of its
-``precompile_kernels_after_loading``, grids from ``multimodal/vision_warmup.py``).
+``get_audio_feature`` gets a markdown row: per modality, whether ROCm batches
+its items across requests under ``--mm-enable-dp-encoder`` (the class's
+answer to ``dp_encoder_spreads_images``, as its MRO finds it, which the gate
+``mm_schedule._batch_vit_across_requests`` asks), that answer as written, and
+its vision warm-up (the ``warm_up_vision_tower`` call of its
+``precompile_kernels_after_loading``, own or inherited: the tower, the calls
+and the call function it hands over).
 
 The model files are parsed with ``ast``, never imported (many import GPU-only
 code); base classes are resolved by name across the files under ``models/``
 (through each file's imports; a base found by its name alone, or not found
 although models/ has that name, is reported on stderr as a note).
-Only the series' tables are imported, on CPU.
 
     .venv/bin/python scripts/dp_encoder_table.py --out docs/warmup.md
     .venv/bin/python scripts/dp_encoder_table.py --check docs/warmup.md
@@ -46,9 +46,10 @@ BEGIN = "<!-- dp-encoder-table:begin -->"
 END = "<!-- dp-encoder-table:end -->"
 FEATURES = ("get_image_feature", "get_video_feature", "get_audio_feature")
 MODELS_PACKAGE = "sglang.srt.models"
-COLUMNS = ("class", "file", "image", "video", "audio", "cap unit", "warm-up plan")
+COLUMNS = ("class", "file", "image", "video", "audio", "answer", "warm-up plan")
 NO_METHOD = "—"
-NOT_DP_CAP = "patches from the grid, else tokens"
+ANSWER = "dp_encoder_spreads_images"
+WARM_UP = "warm_up_vision_tower"
 
 
 # ---------------------------------------------------------------------------
@@ -66,18 +67,23 @@ class ModelClass:
     # Its own precompile_kernels_after_loading, if it defines one: the vision
     # warm-up that hook asks for, and whether it calls super()'s first.
     hook: Optional["WarmUpHook"] = None
+    # What its own dp_encoder_spreads_images returns, as written (None: it
+    # defines none).
+    answer: Optional[str] = None
     resolved: List["Base"] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class WarmUpHook:
     """A model class's own ``precompile_kernels_after_loading``, as written:
-    the ``warm_up_vision_encoder(self, self.<tower>, <CALLS>, ...)`` call in
-    it (tower attribute and the name of the calls constant in
-    ``vision_warmup``), and whether it calls ``super()``'s hook."""
+    the ``warm_up_vision_tower(self, <tower>, <calls>, <call>)`` call in it
+    (the tower attribute, the calls expression and the call function, local
+    names resolved through the hook's own assignments), and whether it calls
+    ``super()``'s hook."""
 
     tower: Optional[str]
-    calls: Optional[str]
+    calls: Optional[ast.expr]
+    call: Optional[str]
     calls_super: bool
 
 
@@ -96,6 +102,8 @@ class ModelFile:
     classes: Dict[str, ModelClass]
     # local name -> (absolute module, imported name); name None: a module import.
     imports: Dict[str, Tuple[str, Optional[str]]]
+    # module-level integer constants (grid repeat counts).
+    constants: Dict[str, int]
 
 
 def _module_level(body: Sequence[ast.stmt]):
@@ -135,51 +143,86 @@ def _class_defines(node: ast.ClassDef) -> Dict[str, bool]:
     return {name: bound[name] for name in FEATURES if name in bound}
 
 
-def _decorated_warm_up(node: ast.ClassDef) -> Optional[WarmUpHook]:
-    """The hook ``@vision_warmup.warms_vision_tower_first("<tower>", <CALLS>,
-    ...)`` gives the class: the warm-up, then the class's own hook."""
-    for decorator in node.decorator_list:
-        if not isinstance(decorator, ast.Call) or len(decorator.args) < 2:
-            continue
-        fn = decorator.func
-        name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
-        if name != "warms_vision_tower_first":
-            continue
-        tower_arg, calls_arg = decorator.args[:2]
-        tower = tower_arg.value if isinstance(tower_arg, ast.Constant) else None
-        calls = (
-            calls_arg.attr
-            if isinstance(calls_arg, ast.Attribute)
-            else getattr(calls_arg, "id", None)
-        )
-        return WarmUpHook(tower, calls, False)
+def _own_answer(node: ast.ClassDef) -> Optional[str]:
+    """What the class body's own ``dp_encoder_spreads_images`` returns."""
+    for item in node.body:
+        if isinstance(item, ast.FunctionDef) and item.name == ANSWER:
+            returns = [r for r in ast.walk(item) if isinstance(r, ast.Return)]
+            if returns and returns[0].value is not None:
+                return ast.unparse(returns[0].value)
+            return "None"
     return None
 
 
+def _tower_name(expr: ast.expr) -> Optional[str]:
+    """``self.visual`` and ``getattr(self, "visual", None)`` name ``visual``."""
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    if (
+        isinstance(expr, ast.Call)
+        and isinstance(expr.func, ast.Name)
+        and expr.func.id == "getattr"
+        and len(expr.args) >= 2
+        and isinstance(expr.args[1], ast.Constant)
+    ):
+        return expr.args[1].value
+    return None
+
+
+def _call_text(expr: ast.expr) -> str:
+    """The call a hook hands the warm-up: a local function by name, or a
+    helper call by its name and its string arguments (the rope type)."""
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Call):
+        fn = expr.func
+        name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "?")
+        strings = [
+            a.value
+            for a in expr.args
+            if isinstance(a, ast.Constant) and isinstance(a.value, str)
+        ]
+        return f"{name}({', '.join(strings)})" if strings else name
+    return ast.unparse(expr)
+
+
 def _warm_up_hook(node: ast.ClassDef) -> Optional[WarmUpHook]:
-    """The class body's own warm-up hook (a ``precompile_kernels_after_loading``
-    or the class decorator that gives it one), or None when it defines none."""
-    decorated = _decorated_warm_up(node)
-    if decorated is not None:
-        return decorated
+    """The class body's own ``precompile_kernels_after_loading``, or None when
+    it defines none."""
     for item in node.body:
         if not (
             isinstance(item, ast.FunctionDef)
             and item.name == "precompile_kernels_after_loading"
         ):
             continue
-        tower = calls = None
+        local: Dict[str, ast.expr] = {}
+        for statement in ast.walk(item):
+            if (
+                isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)
+            ):
+                local.setdefault(statement.targets[0].id, statement.value)
+
+        def resolved(expr: ast.expr) -> ast.expr:
+            if isinstance(expr, ast.Name) and expr.id in local:
+                return local[expr.id]
+            return expr
+
+        tower = calls = call = None
         calls_super = False
-        for call in ast.walk(item):
-            if not isinstance(call, ast.Call):
+        for found in ast.walk(item):
+            if not isinstance(found, ast.Call):
                 continue
-            fn = call.func
-            if isinstance(fn, ast.Name) and fn.id == "warm_up_vision_encoder":
-                tower_arg, calls_arg = call.args[1], call.args[2]
-                if isinstance(tower_arg, ast.Attribute):
-                    tower = tower_arg.attr
-                if isinstance(calls_arg, ast.Name):
-                    calls = calls_arg.id
+            fn = found.func
+            if isinstance(fn, ast.Name) and fn.id == WARM_UP and len(found.args) >= 3:
+                tower = _tower_name(resolved(found.args[1]))
+                calls = resolved(found.args[2])
+                given = found.args[3] if len(found.args) > 3 else None
+                for keyword in found.keywords:
+                    if keyword.arg == "call":
+                        given = keyword.value
+                call = _call_text(given) if given is not None else None
             elif (
                 isinstance(fn, ast.Attribute)
                 and fn.attr == "precompile_kernels_after_loading"
@@ -188,7 +231,7 @@ def _warm_up_hook(node: ast.ClassDef) -> Optional[WarmUpHook]:
                 and fn.value.func.id == "super"
             ):
                 calls_super = True
-        return WarmUpHook(tower, calls, calls_super)
+        return WarmUpHook(tower, calls, call, calls_super)
     return None
 
 
@@ -212,7 +255,7 @@ def parse_models(models_dir: str) -> Dict[str, ModelFile]:
             except SyntaxError as error:
                 raise SystemExit(f"cannot parse models/{rel}: {error}") from None
             own = module if parts and name != "__init__.py" else module + ".x"
-            files[rel] = ModelFile(rel, module, {}, {})
+            files[rel] = ModelFile(rel, module, {}, {}, {})
             for node in _module_level(tree.body):
                 if isinstance(node, ast.ClassDef):
                     files[rel].classes[node.name] = ModelClass(
@@ -222,7 +265,16 @@ def parse_models(models_dir: str) -> Dict[str, ModelFile]:
                         node.bases,
                         _class_defines(node),
                         _warm_up_hook(node),
+                        _own_answer(node),
                     )
+                elif (
+                    isinstance(node, ast.Assign)
+                    and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name)
+                    and isinstance(node.value, ast.Constant)
+                    and type(node.value.value) is int
+                ):
+                    files[rel].constants[node.targets[0].id] = node.value.value
                 elif isinstance(node, ast.ImportFrom):
                     source_module = _absolute_module(node.module, node.level, own)
                     for alias in node.names:
@@ -354,30 +406,6 @@ def linearize(cls: ModelClass, memo: Dict[int, List[Base]], stack=()) -> List[Ba
 # ---------------------------------------------------------------------------
 
 
-def _per_token_text(fn) -> str:
-    """The expression of a ``per_token`` lambda, read from its source line."""
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return "set"
-    try:
-        with open(code.co_filename, encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError):
-        return "set"
-    found = [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Lambda) and node.lineno == code.co_firstlineno
-    ]
-    return f"`{ast.unparse(found[0].body)}`" if len(found) == 1 else "set"
-
-
-def _unit_text(dp) -> str:
-    if dp.per_token is None:
-        return dp.unit
-    return f"{dp.unit}, per token: {_per_token_text(dp.per_token)}"
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -393,26 +421,80 @@ NOT_WARMED = {
 }
 
 
-def warm_up_of(chain: List[Base]) -> Optional[Tuple[str, str]]:
+def warm_up_of(chain: List[Base]) -> Optional[Tuple[ModelClass, WarmUpHook]]:
     """The vision warm-up the class's precompile_kernels_after_loading runs, as
-    the MRO finds it: (tower attribute, name of the calls in vision_warmup),
-    or None. A hook without a warm-up call that calls super()'s passes on to
-    the next class that defines one."""
+    the MRO finds it: (the class whose hook calls ``warm_up_vision_tower``, that
+    hook), or None. A hook without a warm-up call that calls super()'s passes
+    on to the next class that defines one."""
     for base in chain:
         hook = base.cls.hook if base.cls else None
         if hook is None:
             continue
         if hook.calls is not None:
-            return hook.tower, hook.calls
+            return base.cls, hook
         if not hook.calls_super:
             return None
     return None
 
 
-def build_rows(models_dir: str) -> Tuple[List[List[str]], List[str]]:
-    from sglang.srt.multimodal import vision_warmup, vit_batching
-    from sglang.srt.multimodal.modality import Modality
+def answer_of(chain: List[Base]) -> Optional[str]:
+    """``dp_encoder_spreads_images`` as the MRO finds it, as written."""
+    for base in chain:
+        if base.cls is not None and base.cls.answer is not None:
+            return base.cls.answer
+    return None
 
+
+def _constant(name: str, owner: ModelClass, files: Dict[str, ModelFile]):
+    """An integer constant of the owner's file, or one it imports from models/."""
+    own = files[owner.path]
+    if name in own.constants:
+        return own.constants[name]
+    module, imported = own.imports.get(name, (None, None))
+    for other in files.values():
+        if other.module == module and imported in other.constants:
+            return other.constants[imported]
+    raise ValueError(name)
+
+
+def _evaluate(expr: ast.expr, owner: ModelClass, files: Dict[str, ModelFile]):
+    """A literal calls expression (lists, tuples, ints, ``[grid] * N``)."""
+    if isinstance(expr, (ast.List, ast.Tuple)):
+        return [_evaluate(e, owner, files) for e in expr.elts]
+    if isinstance(expr, ast.Constant) and type(expr.value) is int:
+        return expr.value
+    if isinstance(expr, ast.Name):
+        return _constant(expr.id, owner, files)
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+        return _evaluate(expr.left, owner, files) * _evaluate(expr.right, owner, files)
+    raise ValueError(ast.unparse(expr))
+
+
+def _format_grid(grid) -> str:
+    return "[" + ",".join(str(v) for v in grid) + "]"
+
+
+def _format_call(grids) -> str:
+    """One tower call: ``[[1,32,32]]``, or ``[6x[1,8,8]]`` for a repeat."""
+    if len(grids) > 1 and all(g == grids[0] for g in grids):
+        return f"[{len(grids)}x{_format_grid(grids[0])}]"
+    return "[" + ",".join(_format_grid(g) for g in grids) + "]"
+
+
+def plan_text(owner: ModelClass, hook: WarmUpHook, files: Dict[str, ModelFile]) -> str:
+    try:
+        calls = _evaluate(hook.calls, owner, files)
+        if not all(isinstance(c, list) for c in calls):
+            raise ValueError("not a list of grid lists")
+        text = " ".join(_format_call(c) for c in calls)
+    except ValueError:
+        text = f"`{ast.unparse(hook.calls)}`"
+    tower = f"`{hook.tower}`" if hook.tower else "?"
+    via = f" via `{hook.call}`" if hook.call else ""
+    return f"{tower}: {text}{via}"
+
+
+def build_rows(models_dir: str) -> Tuple[List[List[str]], List[str]]:
     files = parse_models(models_dir)
     resolver = Resolver(files)
     classes = [c for f in files.values() for c in f.classes.values()]
@@ -433,62 +515,28 @@ def build_rows(models_dir: str) -> Tuple[List[List[str]], List[str]]:
         if not has:
             continue
         names = [base.name for base in chain]
-        family = next(
-            (
-                vit_batching._DP_ENCODERS[n]
-                for n in names
-                if n in vit_batching._DP_ENCODERS
-            ),
-            None,
-        )
-        cells, dp_units, plain = {}, [], []
-        for method, modality in (
-            ("get_image_feature", Modality.IMAGE),
-            ("get_video_feature", Modality.VIDEO),
-        ):
-            label = modality.name.lower()
-            if method not in has:
-                cells[label] = NO_METHOD
-            elif family is None:
-                cells[label] = "no (not listed)"
-                plain.append(label)
-            elif modality not in family:
-                cells[label] = "no (listed)"
-                plain.append(label)
-            else:
-                dp = family[modality]
-                cells[label] = f"DP ({dp.runner})"
-                dp_units.append((label, _unit_text(dp)))
-        cells["audio"] = "per-request" if "get_audio_feature" in has else NO_METHOD
-
-        if not dp_units:
-            cap = NOT_DP_CAP
-        elif not plain and len({u for _, u in dp_units}) == 1:
-            cap = dp_units[0][1]
+        answer = answer_of(chain)
+        spreads = answer is not None and answer != "False"
+        if answer is None:
+            vision = "per-request (no answer)"
+        elif not spreads:
+            vision = "per-request (answers False)"
         else:
-            cap = "; ".join(
-                [f"{label}: {unit}" for label, unit in dp_units]
-                + [f"{label}: {NOT_DP_CAP}" for label in plain]
-            )
+            vision = "DP"
+        cells = {
+            "image": vision if "get_image_feature" in has else NO_METHOD,
+            "video": vision if "get_video_feature" in has else NO_METHOD,
+            "audio": "per-request" if "get_audio_feature" in has else NO_METHOD,
+        }
+        has_vision = bool(has & {"get_image_feature", "get_video_feature"})
 
-        plan = warm_up_of(chain)
-        by_class = next(
-            (n for n in names if n in vision_warmup._WARM_UPS_BY_CLASS), None
-        )
+        found = warm_up_of(chain)
         reason = next((NOT_WARMED[n] for n in names if n in NOT_WARMED), None)
-        if dp_units and by_class is not None:
-            warm = f"`_WARM_UPS_BY_CLASS[{by_class!r}]`"
-        elif dp_units and plan is not None:
-            tower, calls_name = plan
-            calls = getattr(vision_warmup, calls_name)
-            if callable(calls):  # grids that depend on the tower and the TP width
-                warm = f"`{tower}`: `{calls_name}(tower)`"
-            else:
-                calls = " ".join(vision_warmup._format_call(c) for c in calls)
-                warm = f"`{tower}`: {calls}"
-        elif reason is not None:
+        if reason is not None:
             warm = f"none: {reason}"
-        elif dp_units:
+        elif has_vision and spreads and found is not None:
+            warm = plan_text(*found, files)
+        elif has_vision and spreads:
             warm = "none (no plan)"
         else:
             warm = "none (not data-parallel)"
@@ -500,7 +548,7 @@ def build_rows(models_dir: str) -> Tuple[List[List[str]], List[str]]:
                 cells["image"],
                 cells["video"],
                 cells["audio"],
-                cap,
+                f"`{answer}`" if answer is not None else NO_METHOD,
                 warm,
             ]
         )
@@ -512,25 +560,23 @@ def build_rows(models_dir: str) -> Tuple[List[List[str]], List[str]]:
 # ---------------------------------------------------------------------------
 
 FOOTNOTES = """\
-"DP (runner)": with `--mm-enable-dp-encoder` at attention-TP above 1, and \
-when the model was built data-parallel (`use_data_parallel`), one encoder \
-call's items of that modality are spread over the attention-TP ranks by that \
-runner (`DpEncoder` in `multimodal/vit_batching.py`), and ROCm batches them \
-across requests. "no (listed)": the class's family is in `_DP_ENCODERS` \
-without this modality; "no (not listed)": no class on its base chain is; ROCm \
-keeps both per-request, as upstream. "—": the class has no such method.
+Image, video: "DP": the class answers `dp_encoder_spreads_images` (its own \
+or, along its bases, the first one defined; the "answer" column shows what it \
+returns) with something other than `False`; where that answer holds (the \
+model was built data-parallel), ROCm batches the items of one prefill step \
+across requests when `hip_dp_encoder_batches_vit()` holds \
+(`--mm-enable-dp-encoder`, attention-TP above 1). "per-request (answers \
+False)" / "per-request (no answer)": ROCm keeps one encoder call per request, \
+as upstream. "—": the class has no such method. CUDA batches every class.
 
 Audio: on ROCm the gate keeps audio per-request for every model, so every \
 class with `get_audio_feature` reads "per-request".
 
-Cap unit: what `--mm-max-encoder-patches-per-call` counts per item. Where a \
-per-token factor is given, an item counts its placeholder tokens times that \
-factor; otherwise the patches of its grid (t·h·w), else its tokens.
-
-Warm-up plan: the tower and the calls (patch grids) that the class's \
-`precompile_kernels_after_loading` (its own or, along its bases, the first \
-one defined) hands `warm_up_vision_encoder`, for classes the DP encoder \
-spreads; otherwise why not, or none."""
+Warm-up plan: the tower and the calls (patch grids, one list per tower \
+call) that the class's `precompile_kernels_after_loading` (its own or, along \
+its bases, the first one defined) hands `warm_up_vision_tower`, with the call \
+function it hands over where it is not the default; for classes the DP \
+encoder spreads; otherwise why not, or none."""
 
 
 def render(rows: List[List[str]], command: str, version: str) -> str:
@@ -623,7 +669,7 @@ def _default_root() -> Optional[str]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         description="One markdown row per SGLang model class with an image, "
-        "video or audio encoder: DP encoder per modality, cap unit, warm-up plan."
+        "video or audio encoder: DP encoder per modality, its answer, warm-up plan."
     )
     parser.add_argument(
         "--sglang-root",
@@ -669,9 +715,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             except (OSError, ValueError) as error:
                 parser.error(f"--out {args.out}: {error}")
 
-    from cpu_support.standins.prepare import prepare_cpu_process
-
-    prepare_cpu_process()
     rows, notes = build_rows(models_dir)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

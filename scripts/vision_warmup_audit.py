@@ -4,11 +4,14 @@ For each registered family, SGLang's real model class is built with tiny
 random weights, and each case runs in a fresh process (nothing compiled
 yet): warm the tower with the calls the patch ships for that model
 (the calls its own ``precompile_kernels_after_loading`` hands
-``warm_up_vision_encoder``, read from the installed series), or
+``mm_utils.warm_up_vision_tower``, read from the installed series, run
+through that helper with its decision forced true), or
 with none, or with the first call only; then run the serving sweep
 (``SERVING_SWEEP`` then ``CEILING_CALL``), one tower call each, handed over
 exactly as the DP encoder hands a rank its share (``call_tower_on_rank_share``
-with the hook's ``rope_type`` and patch layout). Compiles are Dynamo's own
+with the hook's ``rope_type`` and patch layout; a family whose hook hands the
+helper a call of its own, not a rank share of
+``run_dp_sharded_mrope_vision_model``, reports its warm-up only). Compiles are Dynamo's own
 counter (``counters["frames"]["ok"]``, one per compiled or recompiled frame)
 plus the cache entries of the family's compiled functions; seconds are wall
 time on this machine.
@@ -200,13 +203,11 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
     from cpu_support.ranks.mm_harness import shipped_warm_up
     from cpu_support.tiny_models import tiny_qwen3_vl as T
 
-    from sglang.srt.multimodal.mm_utils import call_tower_on_rank_share
-    from sglang.srt.multimodal.modality import Modality
-    from sglang.srt.multimodal.vision_warmup import (
-        _tower_device_dtype,
+    from sglang.srt.multimodal import mm_utils
+    from sglang.srt.multimodal.mm_utils import (
+        call_tower_on_rank_share,
         warm_up_vision_tower,
     )
-    from sglang.srt.multimodal.vit_batching import dp_encoder_of
     from sglang.srt.utils.common import DynamicGradMode
 
     family = FAMILIES[family_name]
@@ -244,26 +245,22 @@ def _case(rank, world_size, init_method, family_name, variant_index, mode):
     )
     start = time.perf_counter()
     if calls:
-        warm_up_vision_tower(
-            tower,
-            calls,
-            rope_type=plan["rope_type"],
-            pass_grid_thw_list=plan["pass_grid_thw_list"],
-            patch_shape=plan["patch_shape"],
-        )
+        # This process is attention-TP 1: the hook's decision, forced true.
+        mm_utils.vision_warm_up_needed = lambda model: True
+        warm_up_vision_tower(model, tower, calls, plan["call"])
     result["warm_s"] = time.perf_counter() - start
     result["warm_compiles"] = frames() - result["before"]
     result["entries_after_warm_up"] = {k: _cache_entries(f) for k, f in fns.items()}
 
-    dp = dp_encoder_of(model, Modality.IMAGE)
-    if dp is None or dp.runner != "mrope":
+    if plan["rope_type"] is None:
         # A runner of the model's own: its rank share is not a tower call
         # this sweep can reproduce; report the warm-up only.
         result.update(per_call=None, sweep_compiles=None, sweep_s=0.0)
         result["entries_after_sweep"] = result["entries_after_warm_up"]
         return result
     shape = plan["patch_shape"]
-    device, dtype = _tower_device_dtype(tower)
+    weight = next(tower.parameters())
+    device, dtype = weight.device, weight.dtype
     # Towers whose grids have no time axis (Kimi-VL) take (h, w): every
     # sweep image is a single frame, so it drops t.
     two_d = len(shipped[0][0]) == 2

@@ -1,8 +1,9 @@
 """scripts/dp_encoder_table.py: the generated table of every multimodal model
 class, and docs/warmup.md's copy of it.
 
-The script parses the model files (no model is imported) and reads the
-series' class tables from the installed package. Its command line runs twice,
+The script parses the model files (no model is imported): each class's
+``dp_encoder_spreads_images`` answer and ``precompile_kernels_after_loading``
+warm-up, along its bases. Its command line runs twice,
 side by side: on the installed SGLang against the docs, and on a copy of the
 models folder with new classes added.
 """
@@ -153,11 +154,14 @@ def test_known_rows(installed):
     def cell(name, column):
         return rows[name][columns.index(column)]
 
-    for name in (
-        "Qwen3OmniMoeThinkerForConditionalGeneration",
-        "GlmImageForConditionalGeneration",
-    ):
-        assert cell(name, "image") == "no (listed)"
+    assert cell("Qwen3OmniMoeThinkerForConditionalGeneration", "image") == (
+        "per-request (answers False)"
+    )
+    assert cell("Qwen3OmniMoeThinkerForConditionalGeneration", "answer") == "`False`"
+    assert cell("GlmImageForConditionalGeneration", "image") == (
+        "per-request (no answer)"
+    )
+    assert cell("GlmImageForConditionalGeneration", "answer") == "—"
     assert cell("Qwen3OmniMoeThinkerForConditionalGeneration", "audio") == (
         "per-request"
     )
@@ -165,41 +169,50 @@ def test_known_rows(installed):
         "none: serving it with --mm-enable-dp-encoder is broken upstream"
     )
 
-    assert cell("InternVLChatModel", "image") == "DP (tiles)"
-    assert cell("InternVLChatModel", "cap unit") == (
-        "tiles, per token: `1 / m.num_image_token`"
-    )
+    assert cell("InternVLChatModel", "image") == "DP"
+    assert cell("InternVLChatModel", "answer") == "`self.use_data_parallel`"
     assert cell("InternVLChatModel", "warm-up plan") == (
-        "`vision_model`: `internvl_warm_up_calls(tower)`"
+        "`vision_model`: `sorted({-(-tiles // tp_size) for tiles in (1, 13)})` "
+        "via `encode_share`"
     )
     assert cell("MuseSparkForConditionalGeneration", "warm-up plan") == (
-        "`_WARM_UPS_BY_CLASS['MuseSparkForConditionalGeneration']`"
+        "`vision_tower`: [[1,8,12]] [[1,8,12],[1,16,16]] [[1,48,64]] via `encode`"
+    )
+    assert cell("MuseSparkForConditionalGeneration", "answer") == (
+        "`getattr(self, 'use_data_parallel_encoder', False)`"
+    )
+    assert cell("KimiK3ForConditionalGeneration", "warm-up plan") == (
+        "`vision_tower`: [[1,8,12]] [[1,8,12],[1,16,16]] [[1,40,40]] "
+        "via `call_on_dummy_patches(rope_2d)`"
+    )
+    assert cell("MiniMaxM3SparseForConditionalGeneration", "warm-up plan") == (
+        "`vision_tower`: [[1,10,14]] [[1,10,14],[2,8,8]] [[1,48,64]] "
+        "via `call_on_dummy_patches`"
+    )
+    assert cell("Glm5NextForConditionalGeneration", "warm-up plan") == (
+        "`visual`: [[1,32,32]] [[1,48,64]]"
     )
 
     for name in (
         "Qwen3VLForConditionalGeneration",
         "Qwen3_5ForConditionalGeneration",
+        "Qwen4ExpForConditionalGeneration",
         "InternS2PreviewForConditionalGeneration",
     ):
-        assert cell(name, "image") == "DP (mrope)"
-        assert cell(name, "video") == "DP (mrope)"
-        assert cell(name, "cap unit") == "patches"
+        assert cell(name, "image") == "DP"
+        assert cell(name, "video") == "DP"
+        assert cell(name, "answer") == "`self.use_data_parallel`"
         assert cell(name, "warm-up plan") == (
             "`visual`: [[1,32,32]] [[1,48,64]] [6x[1,8,8]]"
         )
     assert cell("Qwen3_5ForConditionalGeneration", "file") == "`qwen3_5.py`"
 
-    assert cell("MuseSparkForConditionalGeneration", "image") == "DP (own)"
+    assert cell("MuseSparkForConditionalGeneration", "image") == "DP"
     assert cell("MuseSparkForConditionalGeneration", "audio") == "per-request"
-    assert cell("MuseSparkForConditionalGeneration", "cap unit").startswith(
-        "patches, per token: "
-    )
 
-    assert cell("Gemma3ForConditionalGeneration", "image") == "no (not listed)"
+    assert cell("Gemma3ForConditionalGeneration", "image") == "per-request (no answer)"
     assert cell("Gemma3ForConditionalGeneration", "video") == "—"
-    assert cell("Gemma3ForConditionalGeneration", "cap unit") == (
-        "patches from the grid, else tokens"
-    )
+    assert cell("Gemma3ForConditionalGeneration", "answer") == "—"
     assert cell("Gemma3ForConditionalGeneration", "warm-up plan") == (
         "none (not data-parallel)"
     )
@@ -225,7 +238,7 @@ def test_new_vlm_class_fails_the_check(runs):
     rows = _rows(out)
     assert "TinyProbeTextOnly" not in rows
     assert "TinyProbeHidden" not in rows
-    assert rows["TinyProbeVLM"][2:5] == ["no (not listed)", "—", "—"]
+    assert rows["TinyProbeVLM"][2:5] == ["per-request (no answer)", "—", "—"]
     # Inherited through the import from qwen3_vl.py: its family's answer and plan.
     assert (
         rows["TinyProbeQwen3VLChild"][2:] == rows["Qwen3VLForConditionalGeneration"][2:]
