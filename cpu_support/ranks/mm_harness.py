@@ -16,7 +16,8 @@ SGLang's post-load hook (the model's own ``precompile_kernels_after_loading``),
 ``shipped_warm_up`` reads the warm-up a model's hook asks for, and
 ``frames_compiled`` Dynamo's count of compiled frames. ``scheduler_vit_metrics`` runs a
 scheduler's ``init_metrics_collector`` with ``--enable-metrics`` and publishes
-the series' ViT encoder metrics collector on a private Prometheus registry
+the series' multimodal encoder metrics collector (``MMEncoderMetricsCollector``,
+``sglang:mm_encoder_*``) on a private Prometheus registry
 (``vit_metrics_collector`` builds one from given labels); ``metric_samples``
 and ``metric_total`` read a registry back as a scrape shows it.
 """
@@ -385,24 +386,26 @@ def reference_rows(model, requests: List[Request]) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------
-# The series' ViT encoder metrics, as a scheduler with --enable-metrics has them
+# The series' multimodal encoder metrics, as a scheduler with --enable-metrics
+# has them
 # ---------------------------------------------------------------------------
 
 
 def vit_metrics_collector(labels: dict, records_calls: bool = True, registry=None):
-    """A ``ViTEncoderMetricsCollector`` with ``labels`` whose series go to
+    """A ``MMEncoderMetricsCollector`` with ``labels`` whose series go to
     ``registry`` (a new private ``CollectorRegistry`` by default), the way the
     Ray wrappers swap its backend; returns ``(collector, registry)``. Not
-    published: hand it to ``vit_batching.set_vit_encoder_metrics``."""
+    published: publish it with
+    ``get_resources().override(mm_encoder_metrics=collector)``."""
     import functools
 
     from prometheus_client import CollectorRegistry, Counter, Histogram
 
-    from sglang.srt.observability.metrics_collector import ViTEncoderMetricsCollector
+    from sglang.srt.observability.metrics_collector import MMEncoderMetricsCollector
 
     registry = CollectorRegistry() if registry is None else registry
 
-    class PrivateRegistryCollector(ViTEncoderMetricsCollector):
+    class PrivateRegistryCollector(MMEncoderMetricsCollector):
         _counter_cls = functools.partial(Counter, registry=registry)
         _histogram_cls = functools.partial(Histogram, registry=registry)
 
@@ -430,7 +433,7 @@ def scheduler_vit_metrics(registry=None, **observability):
     from prometheus_client import CollectorRegistry
 
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.observability.metrics_collector import STAT_LOGGER_ROLE_VIT_ENCODER
+    from sglang.srt.observability.metrics_collector import STAT_LOGGER_ROLE_MM_ENCODER
     from sglang.srt.runtime_context import (
         get_observability,
         get_resources,
@@ -444,11 +447,11 @@ def scheduler_vit_metrics(registry=None, **observability):
 
     stat_loggers = {
         "scheduler": _SchedulerLabels,
-        STAT_LOGGER_ROLE_VIT_ENCODER: on_registry,
+        STAT_LOGGER_ROLE_MM_ENCODER: on_registry,
     }
     fields = dict(enable_metrics=True, stat_loggers=stat_loggers, **observability)
     with get_observability().override(**fields), get_resources().override(
-        vit_encoder_metrics=None
+        mm_encoder_metrics=None
     ):
         scheduler = Scheduler.__new__(Scheduler)
         scheduler.server_args = get_server_args()

@@ -6,10 +6,10 @@ Each scheduler's collector is built by SGLang's own
 (``mm_harness.scheduler_vit_metrics``, a private Prometheus registry per
 scheduler), and values are read back from the registry's text exposition:
 what a ``/metrics`` scrape shows. One call's counts, labels and modality, the
-DP share of a rank that records no calls, graph counts, a failing series and
-metrics off are the in-patch test's (``unit/observability/
-test_vit_batch_metrics.py``); the ``full`` path and a step whose items all hit
-the cache are test_gate_prefill_paths.py's, through the same DEBUG records.
+DP share of a rank that records no calls, a failing series and metrics off are
+the in-patch test's (``unit/observability/test_mm_encoder_metrics.py``), graph
+counts ``unit/multimodal/test_vit_cuda_graph_capture_policy.py``'s. The series
+are ``sglang:mm_encoder_*`` (``MMEncoderMetricsCollector``).
 """
 
 import pytest
@@ -35,8 +35,8 @@ def _batched(registry, name):
 
 
 def test_capped_calls_are_counted_per_call():
-    """Five 64-patch images under a 128-patch cap: three cross-request calls
-    (2 + 2 + 1 images), each its own observation."""
+    """Five 64-patch images under a 128-patch cap per rank (one rank): three
+    cross-request calls (2 + 2 + 1 images), each its own observation."""
     from sglang.srt.runtime_context import get_mm, override_platform
 
     T.publish_cpu_context(tp_size=1)
@@ -44,19 +44,19 @@ def test_capped_calls_are_counted_per_call():
     model = T.build_tiny_qwen3_vl(seed=9)
     H.fresh_embedding_cache()
     with torch.no_grad(), override_platform(**H.CUDA), get_mm().override(
-        mm_max_encoder_patches_per_call=128
+        mm_max_encoder_patches_per_rank=128
     ), H.scheduler_vit_metrics() as (_, registry):
         H.run_prefill_embedding(model, _burst())
-    assert _batched(registry, "sglang:encoder_calls_total") == 3
-    assert _batched(registry, "sglang:encoder_mm_items_per_call_sum") == N
-    assert _batched(registry, "sglang:encoder_requests_per_call_sum") == N
-    assert _batched(registry, "sglang:encoder_patches_per_call_sum") == N * 64
+    assert _batched(registry, "sglang:mm_encoder_calls_total") == 3
+    assert _batched(registry, "sglang:mm_encoder_items_per_call_sum") == N
+    assert _batched(registry, "sglang:mm_encoder_requests_per_call_sum") == N
+    assert _batched(registry, "sglang:mm_encoder_patches_per_call_sum") == N * 64
     # No call went over the cap: every call's patches in the bucket <= 128.
-    assert _batched(registry, "sglang:encoder_patches_per_call_count") == 3
+    assert _batched(registry, "sglang:mm_encoder_patches_per_call_count") == 3
     assert (
         H.metric_total(
             registry,
-            "sglang:encoder_patches_per_call_bucket",
+            "sglang:mm_encoder_patches_per_call_bucket",
             path="batched",
             le="128.0",
         )
@@ -98,7 +98,7 @@ def test_two_attention_dp_groups_keep_separate_series():
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if (
-                    s.name == "sglang:encoder_mm_items_per_call_sum"
+                    s.name == "sglang:mm_encoder_items_per_call_sum"
                     and s.labels["path"] == "batched"
                 ):
                     key = tuple(sorted(s.labels.items()))
@@ -112,14 +112,13 @@ def _attention_cp_schedulers(rank, world_size, init_method):
     """The schedulers of one group at attention-CP 2 (attention-TP 1: TP rank
     r is CP rank r), with and without --enable-metrics-for-all-schedulers,
     each after one per-request encoder call and one DP-encoder share of 3
-    grids: what each one's registry holds."""
+    grids: what each one's registry holds. The call is observed through
+    mm_schedule's own call-site helper, the share as
+    run_dp_sharded_mrope_vision_model observes it (the published collector)."""
+    from sglang.srt.managers.mm_schedule import _observe_encoder_call
     from sglang.srt.managers.schedule_batch import MultimodalDataItem
     from sglang.srt.multimodal.modality import Modality
-    from sglang.srt.multimodal.vit_batching import (
-        record_dp_encoder_share,
-        record_request_encoder_call,
-    )
-    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.runtime_context import get_parallel, get_resources
 
     T.publish_cpu_context()
     item = MultimodalDataItem(
@@ -143,12 +142,12 @@ def _attention_cp_schedulers(rank, world_size, init_method):
             with get_parallel().override(**cp), H.scheduler_vit_metrics(
                 enable_metrics_for_all_schedulers=every
             ) as (_, registry):
-                record_request_encoder_call("per_request", [item])
-                record_dp_encoder_share(3)
+                _observe_encoder_call("per_request", [item], 1)
+                get_resources().mm_encoder_metrics.observe_dp_encoder_share(3)
             out[f"cp{cp_rank}-all{int(every)}"] = {
-                "calls": H.metric_total(registry, "sglang:encoder_calls_total"),
+                "calls": H.metric_total(registry, "sglang:mm_encoder_calls_total"),
                 "grids": H.metric_samples(
-                    registry, "sglang:encoder_dp_rank_grids_total"
+                    registry, "sglang:mm_encoder_dp_rank_grids_total"
                 ),
             }
     return out
