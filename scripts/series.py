@@ -35,7 +35,9 @@ where DIR holds ``sglang/``, so test files stay out)
            on a temporary copy of its upstream files); exit 0 when the whole
            series applies, else exit 1 with one line per patch git named an
            error in, in git's words (``patch failed: FILE:LINE``); a patch
-           that builds on a failing one fails too.
+           that builds on a failing one fails too. Refuses (one line, exit
+           2, nothing written) an sglang version that is not a supported
+           base; ``--force`` skips only that, to check a new release.
   apply    atomic and idempotent: after that check, byte-exact backups of
            every touched file and ``stamp.json`` go to the package's
            ``.fork-series.partial/``, ``git apply`` writes the target, and
@@ -69,7 +71,8 @@ git-export-patches)
   rebase   commit a new release's pristine ``sglang/`` as the new upstream
            and ``git rebase --onto`` it (3-way); a conflict stops with the
            patch and files named; resolve, ``git rebase --continue``, export,
-           then ``check`` against a pristine tree of the new release.
+           then ``check --force`` against a pristine tree of the new release
+           (``--force`` until it is added to ``SUPPORTED_BASES``).
 
 Errors are one line on stderr, prefixed ``series.py: error:``, with a
 non-zero exit (2; ``check`` uses 1 for "does not apply"). Nothing is left
@@ -95,7 +98,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_SERIES_DIR = REPO / "patches"
-SUPPORTED_BASES = ("0.5.22", "0.5.23")
+SUPPORTED_BASES = ("0.5.23",)
 
 PKG = "sglang"
 CODE = "python"  # the repository folder that holds the package
@@ -425,13 +428,15 @@ def sglang_version(target: Path) -> str | None:
     return None
 
 
-def require_supported(target: Path, version: str | None, force: bool) -> None:
+def require_supported(
+    target: Path, version: str | None, force: bool, verb: str = "apply"
+) -> None:
     if version in SUPPORTED_BASES or force:
         return
     shown = version if version else "of unknown version"
     raise SeriesError(
         f"sglang {shown} in {target} is not a supported base "
-        f"(supported: {', '.join(SUPPORTED_BASES)}); pass --force to apply anyway"
+        f"(supported: {', '.join(SUPPORTED_BASES)}); pass --force to {verb} anyway"
     )
 
 
@@ -639,12 +644,7 @@ def _tests_skipped_line(target: Target, series: Series) -> str | None:
 
 def cmd_check(args) -> int:
     target, version, stamp, series = _open_target(args)
-    if version not in SUPPORTED_BASES:
-        print(
-            f"series.py: warning: sglang {version or '(unknown version)'} is not a supported "
-            f"base ({', '.join(SUPPORTED_BASES)}); checking anyway",
-            file=sys.stderr,
-        )
+    require_supported(target.root, version, args.force, "check")
     if stamp:
         print(
             f"note: a series is applied to {target.root}; checking against its upstream backups"
@@ -1368,7 +1368,8 @@ def cmd_rebase(args) -> int:
     )
     print(
         f"next: python {Path(__file__).resolve()} export --target {repo}\n"
-        f"      then `series.py check --target <a pristine sglang {version} tree>`"
+        f"      then `series.py check{'' if version in SUPPORTED_BASES else ' --force'} "
+        f"--target <a pristine sglang {version} tree>`"
     )
     return 0
 
@@ -1429,7 +1430,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    add(
+    sp = add(
         "check",
         cmd_check,
         "dry run: does the series apply? (exit 1 + one line per failing patch if not)",
@@ -1437,7 +1438,13 @@ def build_parser() -> argparse.ArgumentParser:
         "its upstream files where a series is applied); never writes the target. Reports,\n"
         "one line per patch git named an error in, git's messages (patch failed: FILE:LINE);\n"
         "a patch that builds on a failing one is reported too.\n"
-        "Works on any version (a warning names unsupported ones): use it on a new release.",
+        f"Refuses an sglang version that is not a supported base ({', '.join(SUPPORTED_BASES)})\n"
+        "with one line (exit 2); --force checks anyway: use it on a new release.",
+    )
+    sp.add_argument(
+        "--force",
+        action="store_true",
+        help="skip the supported-version check (only that): check a new release",
     )
     sp = add(
         "apply",
@@ -1513,7 +1520,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"upstream (tag upstream-<version>, branch {UPSTREAM_BRANCH}), then\n"
         "`git rebase --onto <new> <old upstream>`. A conflict stops with the patch and files\n"
         "named: resolve them, `git add`, `git rebase --continue`, then export and run\n"
-        "`series.py check --target <pristine tree of the new release>`.",
+        "`series.py check --force --target <pristine tree of the new release>`.",
     )
     sp.add_argument(
         "--onto",

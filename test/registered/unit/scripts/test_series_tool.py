@@ -4,6 +4,11 @@ The CLI is the product, so every test runs it as a subprocess. Pristine trees
 come from the release wheels in .cache/wheels (scripts/setup_env.sh downloads
 them); only sglang/version.py, sglang/_version.py and the upstream files the
 series touches are extracted, which keeps every test fast.
+
+The series targets sglang 0.5.23 only. The 0.5.22 wheel is still extracted
+where a test needs a real release the tool must refuse (the series does not
+apply there: it edits files 0.5.22 lacks); a newer release is simulated by a
+0.5.23 tree with its version bumped.
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -25,7 +30,9 @@ REPO = Path(__file__).resolve().parents[4]
 SCRIPT = REPO / "scripts" / "series.py"
 PATCHES = REPO / "patches"
 WHEELS = REPO / ".cache" / "wheels"
-VERSIONS = ("0.5.22", "0.5.23")
+VERSIONS = ("0.5.23",)  # the supported bases: series.py's SUPPORTED_BASES
+UNSUPPORTED = "0.5.22"  # a real release the series does not target
+NEWER = "0.5.24"  # a synthetic newer release: the 0.5.23 tree, version bumped
 MM_SCHEDULE = "sglang/srt/managers/mm_schedule.py"
 MM_UTILS = "sglang/srt/multimodal/mm_utils.py"
 GIT_ID = ["-c", "user.name=Series Test", "-c", "user.email=series-test@example.invalid"]
@@ -40,7 +47,7 @@ pytestmark = pytest.mark.control(
 
 def real_series_names() -> list[str]:
     lines = (PATCHES / "series").read_text().splitlines()
-    return [l.strip() for l in lines if l.strip() and not l.strip().startswith("#")]
+    return [x.strip() for x in lines if x.strip() and not x.strip().startswith("#")]
 
 
 def _package_path(path: str) -> str | None:
@@ -55,9 +62,9 @@ def _diff_sections(series_dir: Path):
     """(path, creates) for every code file section of every patch, in series
     order; paths relative to the directory that holds sglang/."""
     names = [
-        l.strip()
-        for l in (series_dir / "series").read_text().splitlines()
-        if l.strip() and not l.strip().startswith("#")
+        x.strip()
+        for x in (series_dir / "series").read_text().splitlines()
+        if x.strip() and not x.strip().startswith("#")
     ]
     for name in names:
         path = None
@@ -103,7 +110,7 @@ def touched_by(series_dir: Path) -> set[str]:
 def subject_of(patch: Path) -> str:
     """The Subject of a git-format patch, without "[PATCH] ", unfolded."""
     lines = patch.read_text().splitlines()
-    i = next(i for i, l in enumerate(lines) if l.startswith("Subject: "))
+    i = next(i for i, x in enumerate(lines) if x.startswith("Subject: "))
     subject = lines[i][len("Subject: ") :]
     for cont in lines[i + 1 :]:
         if not cont.startswith((" ", "\t")):
@@ -133,15 +140,19 @@ def wheel(version: str) -> Path:
 
 @pytest.fixture(scope="session")
 def pristine_cache(tmp_path_factory):
-    """version -> a directory holding the extracted subset of the release."""
+    """version -> a directory holding the extracted subset of the release.
+    A supported release must hold every file the series touches; the
+    unsupported one gets those it has."""
     members = {"sglang/version.py", "sglang/_version.py", MM_SCHEDULE, MM_UTILS}
     members |= touched_by(PATCHES)
     out = {}
-    for version in VERSIONS:
+    for version in (*VERSIONS, UNSUPPORTED):
         dest = tmp_path_factory.mktemp(f"pristine-{version}")
         with zipfile.ZipFile(wheel(version)) as zf:
             names = set(zf.namelist())
             for m in sorted(members):
+                if version == UNSUPPORTED and m not in names:
+                    continue
                 assert m in names, f"{m} is not in the sglang {version} wheel"
                 zf.extract(m, dest)
         out[version] = dest
@@ -158,6 +169,17 @@ def pristine(pristine_cache, tmp_path):
         return dest
 
     return make
+
+
+def newer_release(pristine, name: str, version: str = NEWER) -> Path:
+    """A synthetic release newer than the supported one: the 0.5.23 tree
+    with its version bumped, so the series applies but the tool does not
+    know the version."""
+    tree = pristine("0.5.23", name)
+    for f in ("version.py", "_version.py"):
+        p = tree / "sglang" / f
+        p.write_text(p.read_text().replace("0.5.23", version))
+    return tree
 
 
 def run(*args, series_dir=None, env=None, cwd=None):
@@ -374,7 +396,7 @@ def test_failing_hunk_leaves_tree_untouched_and_check_names_it(pristine, tmp_pat
 
     r = run("check", "--target", tree, series_dir=series)
     assert r.returncode == 1, r.stdout + r.stderr
-    failed = [l for l in r.stdout.splitlines() if l.startswith("FAILED")]
+    failed = [x for x in r.stdout.splitlines() if x.startswith("FAILED")]
     assert len(failed) == 2, r.stdout
     # git's own words name the failing hunk by the line its header starts at.
     hunk1, hunk2 = hunk_starts(second)
@@ -436,8 +458,35 @@ def test_refuses_unsupported_version_and_force_passes(pristine):
     assert snapshot(tree) == before
 
 
+def test_check_refuses_an_unsupported_real_release_and_force_checks(pristine):
+    """check on the real 0.5.22 tree: one line naming 0.5.22 and the supported
+    0.5.23, exit 2, nothing written; --force runs the check, which fails
+    there (the series edits files 0.5.22 lacks)."""
+    tree = pristine(UNSUPPORTED)
+    before = snapshot(tree)
+    r = run("check", "--target", tree)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = one_error_line(
+        r,
+        f"sglang {UNSUPPORTED} in {tree}",
+        "is not a supported base",
+        f"(supported: {', '.join(VERSIONS)})",
+        "--force to check anyway",
+    )
+    assert "0.5.23" in line and r.stdout == ""
+    assert snapshot(tree) == before, "a refused check writes nothing"
+
+    r = run("check", "--force", "--target", tree)
+    assert r.returncode == 1, r.stdout + r.stderr
+    failed = [line for line in r.stdout.splitlines() if line.startswith("FAILED ")]
+    assert failed, r.stdout
+    assert "is not a supported base" not in r.stderr
+    assert f"do not apply to sglang {UNSUPPORTED}" in r.stderr
+    assert snapshot(tree) == before, "check must never write to the target"
+
+
 def test_refuses_a_different_series(pristine, tmp_path):
-    tree = pristine("0.5.22")
+    tree = pristine("0.5.23")
     pristine_state = snapshot(tree)
     assert run("apply", "--target", tree).returncode == 0
     applied = snapshot(tree)
@@ -694,15 +743,34 @@ def test_rebase_onto_new_release(pristine, tmp_path):
     work = pristine("0.5.23", "work")
     assert run("import", "--target", work, series_dir=series).returncode == 0
 
-    # Clean rebase onto 0.5.22, export, and the result applies to 0.5.22.
-    r = run("rebase", "--target", work, "--onto", pristine("0.5.22"), series_dir=series)
+    # Clean rebase onto a newer release, export, and the result applies there:
+    # check refuses the version it does not know until --force.
+    r = run(
+        "rebase",
+        "--target",
+        work,
+        "--onto",
+        newer_release(pristine, "newer-clean"),
+        series_dir=series,
+    )
     assert r.returncode == 0, r.stderr
+    assert f"check --force --target <a pristine sglang {NEWER} tree>" in r.stdout
     assert git(work, "rev-parse", "upstream") == git(
-        work, "rev-parse", "upstream-0.5.22^{commit}"
+        work, "rev-parse", f"upstream-{NEWER}^{{commit}}"
     )
     assert run("export", "--target", work, series_dir=series).returncode == 0
-    r = run("check", "--target", pristine("0.5.22", "fresh22"), series_dir=series)
+    fresh = newer_release(pristine, "fresh-newer")
+    before = snapshot(fresh)
+    r = run("check", "--target", fresh, series_dir=series)
+    assert r.returncode == 2
+    one_error_line(r, f"sglang {NEWER}", "is not a supported base", "--force")
+    r = run("check", "--force", "--target", fresh, series_dir=series)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert (
+        f"ok: {len(real_series_names())} patch(es) apply cleanly to sglang {NEWER}"
+        in r.stdout
+    )
+    assert snapshot(fresh) == before
 
     # A "release" where a line the patch changes was changed: stop, name patch + file.
     newer = pristine("0.5.23", "newer")
@@ -1103,13 +1171,20 @@ def test_rebase_keeps_or_takes_the_upstream_tests(pristine, tmp_path):
     root, _, _ = make_layout(pristine, tmp_path, "repo-root")
     assert run("import", "--target", root, series_dir=series).returncode == 0
 
-    r = run("rebase", "--target", root, "--onto", pristine("0.5.22"), series_dir=series)
+    r = run(
+        "rebase",
+        "--target",
+        root,
+        "--onto",
+        newer_release(pristine, "newer-wheel"),
+        series_dir=series,
+    )
     assert r.returncode == 0, r.stderr
     assert git(
         root, "ls-tree", "-r", "--name-only", "upstream", "--", "test"
     ).split() == [EXISTING_TEST]
     assert git(root, "rev-parse", "upstream") == git(
-        root, "rev-parse", "upstream-0.5.22^{commit}"
+        root, "rev-parse", f"upstream-{NEWER}^{{commit}}"
     )
     assert run("export", "--target", root, series_dir=series).returncode == 0
     assert snapshot(series) == original
