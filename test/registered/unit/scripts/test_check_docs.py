@@ -84,7 +84,7 @@ def test_right_names_pass(checker, tmp_path):
     doc = _doc(
         tmp_path,
         "Launch with `--mm-enable-dp-encoder` and `SGLANG_VIT_ENABLE_CUDA_GRAPH=1`;\n"
-        "read `sglang:encoder_calls_total`; `hip_dp_encoder_batches_vit()` in\n"
+        "read `sglang:mm_encoder_calls_total`; `hip_dp_encoder_batches_vit()` in\n"
         "`scripts/series.py`, `mm_utils.run_dp_sharded_mrope_vision_model`,\n"
         "patch `vlm-fix-return-copies-of-the-vit-cuda-graph-outputs-from-each-replay`;\n"
         "`TORCH_LOGS` is torch's. See [design](design.md).\n",
