@@ -11,14 +11,18 @@ tiny Qwen3-VL through the real post-load hook and the real
   disk): the DP runner's call completes on both ranks with the same
   embeddings, and the failure is logged once;
 * the ViT CUDA graphs (``SGLANG_VIT_ENABLE_CUDA_GRAPH=1``): only the graph
-  capture itself is replaced (there is no CUDA on this machine); the real
-  runner's capture policy, its capacity, the counts in ``/metrics`` and what
-  the warm-up leaves are the code under test;
+  capture itself is replaced (there is no CUDA on this machine), and the
+  runner is let to capture the tiny tower's ``sdpa`` (a backend it otherwise
+  runs eagerly throughout); the real runner's capture policy, its capacity,
+  the counts in ``/metrics`` and what the warm-up leaves are the code under
+  test;
 * an ``--encoder-only`` server warms in the grad mode it encodes in;
-* a draft runner's post-load hook and a model without a vision encoder are
-  silent.
+* a model without a vision encoder is silent. (The post-load hook reads only
+  the model and the device, as pristine's does: a draft runner's hook is its
+  draft model's, which has no vision encoder of its own.)
 
-In this process: ``check_server_args`` rejects a non-positive cap.
+A non-positive ``--mm-max-encoder-patches-per-rank`` is the cap patch's own
+test (``unit/multimodal/test_vit_encoder_patches_per_rank.py``).
 """
 
 import logging
@@ -33,7 +37,7 @@ register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
 
 from cpu_support.ranks import mm_harness as H  # noqa: E402
 from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402
-from cpu_support.ranks.mm_harness import ROCM, TowerCalls  # noqa: E402
+from cpu_support.ranks.mm_harness import TowerCalls  # noqa: E402
 from cpu_support.tiny_models import tiny_qwen3_vl as T  # noqa: E402
 
 GRAPH_ENV = "SGLANG_VIT_ENABLE_CUDA_GRAPH"
@@ -52,19 +56,15 @@ def _requests(seed):
 
 def _step(model, requests):
     """One prefill step under ROCm (the series' gate batches it), observed."""
-    from sglang.srt.runtime_context import override_platform
-
     H.fresh_embedding_cache()
-    with override_platform(**ROCM), torch.no_grad(), TowerCalls() as seen:
+    with H.on_platform("ROCm"), torch.no_grad(), TowerCalls() as seen:
         seen.attach(model.visual)
         rows = H.run_prefill_embedding(model, requests)
     return rows, seen.calls
 
 
 def _reference(model, requests):
-    from sglang.srt.runtime_context import override_platform
-
-    with override_platform(**ROCM), torch.no_grad():
+    with H.on_platform("ROCm"), torch.no_grad():
         return H.reference_rows(model, requests)
 
 
@@ -90,10 +90,10 @@ class _FailFirstCall:
 def _encoder_only_grad_mode(model):
     """Warm as an --encoder-only server, then encode a grid no warm-up call
     used the way that server does (under torch.inference_mode())."""
-    from sglang.srt.runtime_context import get_disagg, override_platform
+    from sglang.srt.runtime_context import get_disagg
 
     before = H.frames_compiled()
-    with get_disagg().override(encoder_only=True), override_platform(**ROCM):
+    with get_disagg().override(encoder_only=True), H.on_platform("ROCm"):
         H.post_load_hook(model)
         warmed = H.frames_compiled()
         item = T.image_item((1, 12, 20), seed=99)
@@ -103,12 +103,12 @@ def _encoder_only_grad_mode(model):
 
 
 def _warm_up_fault(rank, model):
-    from sglang.srt.runtime_context import get_mm, override_platform
+    from sglang.srt.runtime_context import get_mm
 
-    log = H.capture_log("sglang.srt.multimodal.vision_warmup")
+    log = H.capture_log(H.WARM_UP_LOGGER)
     log.lines.clear()
     fault = _FailFirstCall(model.visual) if rank == 1 else None
-    with override_platform(**ROCM), get_mm().override(mm_enable_dp_encoder=True):
+    with H.on_platform("ROCm"), get_mm().override(mm_enable_dp_encoder=True):
         with TowerCalls() as seen:
             seen.attach(model.visual)
             H.post_load_hook(model)
@@ -121,9 +121,9 @@ def _warm_up_fault(rank, model):
 
 def _clean_warm_up(model):
     """The warm-up where nothing fails: the calls of this rank's plan."""
-    from sglang.srt.runtime_context import get_mm, override_platform
+    from sglang.srt.runtime_context import get_mm
 
-    with override_platform(**ROCM), get_mm().override(mm_enable_dp_encoder=True):
+    with H.on_platform("ROCm"), get_mm().override(mm_enable_dp_encoder=True):
         with TowerCalls() as seen:
             seen.attach(model.visual)
             H.post_load_hook(model)
@@ -134,7 +134,7 @@ def _metrics_fault(rank, model):
     """Each rank's scheduler collector (``--enable-metrics``); rank 1's cannot
     write its DP-encoder share (a Prometheus multiprocess file on a full
     disk), inside the DP runner's collective region."""
-    from sglang.srt.multimodal.vit_batching import get_vit_encoder_metrics
+    from sglang.srt.runtime_context import get_resources
 
     log = H.capture_log("sglang.srt.observability.metrics_collector")
     log.lines.clear()
@@ -144,12 +144,12 @@ def _metrics_fault(rank, model):
 
     with H.scheduler_vit_metrics() as (_, registry):
         if rank == 1:
-            get_vit_encoder_metrics().dp_rank_grids_total.labels = full_disk
+            get_resources().mm_encoder_metrics.dp_rank_grids_total.labels = full_disk
         steps = [_step(model, _requests(seed=s)) for s in (20, 30)]
     return {
         "steps": steps,
         "warnings": [m for level, m in log.lines if level == logging.WARNING],
-        "grids": H.metric_total(registry, "sglang:encoder_dp_rank_grids_total"),
+        "grids": H.metric_total(registry, "sglang:mm_encoder_dp_rank_grids_total"),
     }
 
 
@@ -176,13 +176,20 @@ def _without_capture(runner_cls, captured):
 
 def _graph_policy(model):
     from sglang.srt.multimodal.vit_cuda_graph_runner import ViTCudaGraphRunner
-    from sglang.srt.runtime_context import get_mm, override_platform
+    from sglang.srt.runtime_context import get_mm
 
     out = {}
     runner_log = H.capture_log("sglang.srt.multimodal.vit_cuda_graph_runner")
     captured = []
     real = _without_capture(ViTCudaGraphRunner, captured)
+    real_backends = ViTCudaGraphRunner.graph_attn_backends
+    real_runner = model.visual.graph_runners
     os.environ[GRAPH_ENV] = "1"
+    # The tiny tower attends with sdpa, which the runner never captures (it
+    # decides so when built): let the stand-in capture it, and build the
+    # tower's runner as a server started with graphs on builds it.
+    ViTCudaGraphRunner.graph_attn_backends = ("sdpa",)
+    model.visual.graph_runners = ViTCudaGraphRunner(model.visual)
     width = model.visual.patch_embed.proj.weight[0].numel()
 
     def call(grid):
@@ -190,7 +197,7 @@ def _graph_policy(model):
         model.visual(torch.randn(n, width), torch.tensor([grid]))
 
     try:
-        with override_platform(**ROCM), get_mm().override(mm_enable_dp_encoder=True):
+        with H.on_platform("ROCm"), get_mm().override(mm_enable_dp_encoder=True):
             with TowerCalls() as seen:
                 seen.attach(model.visual)
                 H.post_load_hook(model)
@@ -208,12 +215,14 @@ def _graph_policy(model):
             out["after_stream"] = len(captured)
             for series in ("captures", "replays", "eager_calls"):
                 out[series] = H.metric_total(
-                    registry, f"sglang:encoder_vit_cuda_graph_{series}_total"
+                    registry, f"sglang:mm_encoder_vit_cuda_graph_{series}_total"
                 )
         out["runner_lines"] = [m for _, m in runner_log.lines]
     finally:
         os.environ.pop(GRAPH_ENV, None)
         ViTCudaGraphRunner._create_graph = real
+        ViTCudaGraphRunner.graph_attn_backends = real_backends
+        model.visual.graph_runners = real_runner
     return out
 
 
@@ -232,22 +241,12 @@ def _tiny_text_model():
         return Qwen3ForCausalLM(config).eval()
 
 
-def _silent_hooks(model):
-    from sglang.srt.model_executor.model_runner_components.load_model_utils import (
-        maybe_precompile_model_kernels_after_loading,
-    )
-    from sglang.srt.runtime_context import get_mm, override_platform
+def _silent_hooks():
+    from sglang.srt.runtime_context import get_mm
 
-    log = H.capture_log("sglang.srt.multimodal.vision_warmup")
+    log = H.capture_log(H.WARM_UP_LOGGER)
     out = {}
-    with override_platform(**ROCM), get_mm().override(mm_enable_dp_encoder=True):
-        log.lines.clear()
-        with TowerCalls() as seen:
-            seen.attach(model.visual)
-            maybe_precompile_model_kernels_after_loading(
-                model, "cpu", is_draft_worker=True
-            )
-        out["draft"] = (seen.calls, list(log.lines))
+    with H.on_platform("ROCm"), get_mm().override(mm_enable_dp_encoder=True):
         log.lines.clear()
         H.post_load_hook(_tiny_text_model())
         out["text_model"] = list(log.lines)
@@ -268,7 +267,7 @@ def _rank_worker(rank, world_size, init_method):
     out["metrics_fault"] = _metrics_fault(rank, model)
     out["metrics_reference"] = [_reference(model, _requests(seed=s)) for s in (20, 30)]
     out["graph"] = _graph_policy(model)
-    out["silent"] = _silent_hooks(model)
+    out["silent"] = _silent_hooks()
     return out
 
 
@@ -295,8 +294,8 @@ def test_both_ranks_return_from_the_hook_and_only_rank_1_warns(ranks):
             (line,) = warnings
             assert line.startswith(
                 "vision warm-up failed on rank 1 (Qwen3VLForConditionalGeneration, "
-                "call [[1,32,32]]): OutOfMemoryError: CUDA out of memory. Tried to "
-                "allocate 2.00 GiB;"
+                "after 0 of 3 tower calls): OutOfMemoryError: CUDA out of memory. "
+                "Tried to allocate 2.00 GiB;"
             ), line
             assert "second line" not in line
             assert hook["calls"] == []  # the first call failed; no later call ran
@@ -336,8 +335,8 @@ def test_metrics_failure_is_logged_once(ranks):
     # Two steps, one DP-encoder share each on rank 1: one WARNING.
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith(
-        "ViT encoder metrics: observe_dp_encoder_share failed, the encoder "
-        "call goes on: OSError"
+        "multimodal encoder metrics: observe_dp_encoder_share failed, serving "
+        "goes on: OSError"
     ), warnings[0]
     assert ranks[1]["metrics_fault"]["grids"] == 0
 
@@ -382,17 +381,9 @@ def test_encoder_only_warm_up_covers_its_inference_mode_encode(ranks):
 # --- only the target model warms and warns ------------------------------------------
 
 
-def test_draft_runner_hook_is_silent(ranks):
-    for out in ranks:
-        assert out["silent"]["draft"] == ([], [])
-
-
 def test_model_without_a_vision_encoder_gets_no_warning(ranks):
     for out in ranks:
         assert out["silent"]["text_model"] == []
-
-
-# --- bad configuration fails before the server starts ------------------------------
 
 
 # --- rank consistency: what a rank-local cache hit does ------------------------
@@ -409,7 +400,6 @@ def _diverging_caches_worker(rank, world_size, init_method):
 
     from sglang.srt.managers import mm_schedule
     from sglang.srt.mem_cache.multimodal_cache import EmbeddingResult
-    from sglang.srt.runtime_context import override_platform
 
     T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
     T.init_gloo(rank, world_size, init_method)
@@ -417,7 +407,7 @@ def _diverging_caches_worker(rank, world_size, init_method):
     model = T.build_tiny_qwen3_vl()
     requests = _requests(seed=40)
     H.fresh_embedding_cache()
-    with override_platform(**ROCM), torch.no_grad():
+    with H.on_platform("ROCm"), torch.no_grad():
         first = model.get_image_feature(requests[0].items)  # both ranks: a collective
     if rank == 1:
         mm_schedule.embedding_cache.set(
@@ -431,9 +421,7 @@ def _diverging_caches_worker(rank, world_size, init_method):
     done = threading.Event()
 
     def step():
-        from sglang.srt.runtime_context import override_platform
-
-        with override_platform(**ROCM), torch.no_grad():
+        with H.on_platform("ROCm"), torch.no_grad():
             H.run_prefill_embedding(model, requests)
         done.set()
 
@@ -457,7 +445,8 @@ def test_a_rank_local_cache_hit_desynchronises_the_dp_encoder():
         == [
             (
                 logging.INFO,
-                "cross-request ViT batching: on (ROCm, DP encoder, attention-TP 2)",
+                "cross-request ViT batching on ROCm: on "
+                "(Qwen3VLForConditionalGeneration, attention-TP 2)",
             )
         ]
         and out[1]["gate"] == []
