@@ -7,11 +7,14 @@ real ``_get_chunked_prefill_embedding`` run here; only the capture is stood in
 (there is no CUDA): the stand-in graph computes the tower's blocks and merger
 from the runner's static input buffer and writes the result into the runner's
 static output buffer on every replay, as a captured graph does. Two images of
-one size share a sequence layout, so they share that buffer.
+one size share a sequence layout, so they share that buffer. The tower's
+runner is built to capture its ``sdpa`` attention (the series runs that
+backend eagerly) on a layout's first call (``SGLANG_VIT_CUDA_GRAPH_MIN_HITS``
+1): every call here is a capture or a replay.
 
 Every embedding the scheduler keeps owns its storage. Covered: same-layout
-calls under the cap, the same under deterministic inference, the DP encoder on
-two gloo ranks, and a cache hit after a later same-layout call. Each image must come back with the embedding the graph path
+calls under ``--mm-max-encoder-patches-per-rank``, the DP encoder on two gloo
+ranks, and a cache hit after a later same-layout call. Each image must come back with the embedding the graph path
 gives it when it is encoded alone (the graph path interpolates position
 embeddings its own way, so that is the reference, not the eager tower's).
 """
@@ -85,6 +88,24 @@ def _capture(
     self.block_graphs[graph_key] = _StandInGraph(lambda: static_output.copy_(compute()))
 
 
+def with_graph_runner(model):
+    """``model`` with a fresh runner for its tower that captures ``sdpa`` (the
+    stand-in can) on a layout's first call: what replays return is tested."""
+    from sglang.srt.environ import envs
+    from sglang.srt.multimodal.vit_cuda_graph_runner import ViTCudaGraphRunner
+
+    real = ViTCudaGraphRunner.graph_attn_backends
+    ViTCudaGraphRunner.graph_attn_backends = ("sdpa",)
+    try:
+        with envs.SGLANG_VIT_CUDA_GRAPH_MIN_HITS.override(1):
+            runner = ViTCudaGraphRunner(model.visual)
+    finally:
+        ViTCudaGraphRunner.graph_attn_backends = real
+    assert runner.can_capture and runner.min_hits == 1
+    model.visual.graph_runners = runner
+    return model
+
+
 @contextlib.contextmanager
 def graph_on():
     from sglang.srt.multimodal.vit_cuda_graph_runner import ViTCudaGraphRunner
@@ -100,20 +121,16 @@ def graph_on():
 
 
 @contextlib.contextmanager
-def serving(*, cap=None, deterministic=False):
-    """CUDA's platform facts (cross-request batching on); the cap and
-    deterministic inference only when asked for."""
-    from sglang.srt.runtime_context import get_exec, get_mm, override_platform
+def serving(*, cap=None):
+    """CUDA's platform facts (cross-request batching on); the cap only when
+    asked for."""
+    from sglang.srt.runtime_context import get_mm
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(override_platform(**H.CUDA))
+        stack.enter_context(H.on_platform("CUDA"))
         stack.enter_context(torch.no_grad())
         if cap is not None:
-            stack.enter_context(get_mm().override(mm_max_encoder_patches_per_call=cap))
-        if deterministic:
-            stack.enter_context(
-                get_exec().deterministic.override(enable_deterministic_inference=True)
-            )
+            stack.enter_context(get_mm().override(mm_max_encoder_patches_per_rank=cap))
         yield
 
 
@@ -144,7 +161,7 @@ def _alone(model, requests):
 def model():
     T.publish_cpu_context(tp_size=1)
     T.init_gloo(0, 1, f"tcp://127.0.0.1:{free_port()}")
-    return T.build_tiny_qwen3_vl(seed=3)
+    return with_graph_runner(T.build_tiny_qwen3_vl(seed=3))
 
 
 @pytest.mark.control(
@@ -165,16 +182,6 @@ def test_same_layout_calls_under_the_cap_keep_their_own_embeddings(model):
     assert torch.equal(rows, _alone(model, requests))
 
 
-def test_same_layout_calls_under_deterministic_inference_keep_their_own_embeddings(
-    model,
-):
-    requests = _requests(seed=20)
-    H.fresh_embedding_cache()
-    rows, calls = _step(model, requests, deterministic=True)
-    assert calls == [1, 1]  # one image per call
-    assert torch.equal(rows, _alone(model, requests))
-
-
 def test_a_cache_hit_after_a_later_same_layout_call_returns_its_own_embedding(model):
     first, second = _requests(seed=30)
     H.fresh_embedding_cache()
@@ -188,7 +195,7 @@ def test_a_cache_hit_after_a_later_same_layout_call_returns_its_own_embedding(mo
 def _dp_rank_worker(rank, world_size, init_method):
     T.publish_cpu_context(tp_size=world_size, rank=rank, dp_encoder=True)
     T.init_gloo(rank, world_size, init_method)
-    model = T.build_tiny_qwen3_vl(seed=3)
+    model = with_graph_runner(T.build_tiny_qwen3_vl(seed=3))
     requests = _requests(seed=40)
     alone = _alone(model, requests)
     H.fresh_embedding_cache()
