@@ -4,14 +4,16 @@ The script is the product (it is what runs when a GPU is lent). It runs
 once for the module, in a subprocess, through its own ``main`` with the
 documented arguments (``--tiny --repeats 1 --out DIR``), in a process that
 also notes, for every step the check times, the series' record of each
-encoder call in it (the DEBUG lines of ``observability/metrics_collector``,
-from the collector a scheduler with ``--enable-metrics`` publishes) and,
-where the step measures peak memory, how many bytes the embedding cache held
-when the measurement started. The tests read that one run: the
-per-request and batched steps are the series' two paths; the cap rows are the
-series' capped calls, each measured from an empty embedding cache; the bf16
-batched-vs-alone rows with deterministic inference off and on (on: bitwise);
-the SDPA rows' launches per layer (one per distinct image size in the call).
+encoder call in it (each ``observe_encoder_call`` the series makes, after the
+call, on the ``MMEncoderMetricsCollector`` a scheduler with
+``--enable-metrics`` publishes; the real method still runs) and, where the
+step measures peak memory, how many bytes the embedding cache held when the
+measurement started. The tests read that one run: the per-request and
+batched steps are the series' two paths; the cap rows
+(``--mm-max-encoder-patches-per-rank``, one rank) are the series' capped
+calls, each measured from an empty embedding cache; the bf16 batched-vs-alone
+row; the SDPA rows' launches per layer (one per distinct image size in the
+call).
 
 The check's writers are controls, run on a report built here (they read no
 SGLang): each section's own files are written as the section ends and hold
@@ -41,7 +43,8 @@ SECTION_NAMES = [name for name, _ in G.SECTIONS]
 
 
 def _expected_calls(patch_counts, cap):
-    """Consecutive calls of at most ``cap`` patches; a larger image alone."""
+    """Consecutive calls of at most ``cap`` patches (one rank: the whole
+    call's); a larger image alone."""
     if cap is None:
         return 1
     calls, load = 0, None
@@ -68,48 +71,50 @@ def _table_rows(markdown: str, first_header: str):
 
 
 # The check's own main(), in a process that observes every timed step: the
-# series' DEBUG line of each encoder call in it and, when the step measures
+# series' observation of each encoder call in it and, when the step measures
 # peak memory, the embedding cache's bytes when the measurement starts (read
 # right before the start value: anything cached then would be freed inside the
 # measurement and lower the peak). After the check publishes its context, the
-# scheduler's metrics collector is published as with --enable-metrics, since
-# the DEBUG lines are its own. Nothing the check computes is replaced.
+# scheduler's metrics collector is published as with --enable-metrics (rank 0
+# of one), its observe_encoder_call noting each call it is handed before the
+# real method runs. Nothing the check computes is replaced.
 _OBSERVED_RUN = textwrap.dedent(
     """
-    import contextlib, json, logging, sys
+    import contextlib, json, sys
     scripts, observed_path, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
     sys.path.insert(0, scripts)
     import gpu_vit_check as G
 
     steps = []
 
-    class Lines(logging.Handler):
-        def emit(self, record):
-            message = record.getMessage()
-            if steps and message.startswith("ViT encoder call:"):
-                steps[-1]["lines"].append(message)
-
-    log = logging.getLogger("sglang.srt.observability.metrics_collector")
-    log.addHandler(Lines(logging.DEBUG))
-    log.setLevel(logging.DEBUG)
-    log.propagate = False
-
     real_init_ranks = G.init_ranks
 
     def init_ranks(*args, **kwargs):
         # What a scheduler with --enable-metrics publishes for the encoder
-        # path (the DEBUG lines come from its collector): rank 0 of one here.
+        # path: rank 0 of one here.
         real_init_ranks(*args, **kwargs)
         from cpu_support.ranks.mm_harness import vit_metrics_collector
-        from sglang.srt.multimodal.vit_batching import set_vit_encoder_metrics
+        from sglang.srt.runtime_context import get_resources
 
-        set_vit_encoder_metrics(vit_metrics_collector({"tp_rank": 0})[0])
+        collector = vit_metrics_collector({"tp_rank": 0})[0]
+        real_observe = collector.observe_encoder_call
+
+        def observe_encoder_call(path, items, requests, patches_of):
+            if steps:
+                steps[-1]["lines"].append(dict(
+                    path=path, modality=items[0].modality.name.lower(),
+                    requests=requests, items=len(items),
+                    patches=sum(patches_of(item) for item in items)))
+            real_observe(path, items, requests, patches_of)
+
+        collector.observe_encoder_call = observe_encoder_call
+        get_resources().mm_encoder_metrics = collector
 
     real_step = G.timed_step
 
     def timed_step(model, requests, dev, **kwargs):
         steps.append(dict(requests=len(requests), batched=kwargs.get("batched", True),
-                          cap=kwargs.get("cap"), deterministic=kwargs.get("deterministic", False),
+                          cap=kwargs.get("cap"),
                           measure_peak=kwargs.get("measure_peak", False), lines=[]))
         return real_step(model, requests, dev, **kwargs)
 
@@ -177,11 +182,10 @@ def run(tmp_path_factory):
 
 
 def _encoder_call_line(path, images, patches):
-    """The series' DEBUG line of one encoder call of ``images`` single-image
+    """The series' observation of one encoder call of ``images`` single-image
     requests in this one-rank process."""
-    return (
-        f"ViT encoder call: path={path} modality=image requests={images} "
-        f"items={images} patches={patches} tp_rank=0"
+    return dict(
+        path=path, modality="image", requests=images, items=images, patches=patches
     )
 
 
@@ -221,9 +225,7 @@ def test_per_request_and_batched_steps_are_the_series_two_paths(run):
         assert step["lines"] == [
             _encoder_call_line("per_request", 1, c) for c in counts
         ]
-    for step in _burst_steps(
-        report, steps, batched=True, cap=None, deterministic=False
-    ):
+    for step in _burst_steps(report, steps, batched=True, cap=None):
         assert step["lines"] == [_encoder_call_line("batched", n, sum(counts))]
 
 
@@ -246,9 +248,7 @@ def test_cap_rows_are_the_series_capped_calls_measured_from_an_empty_cache(run):
             _encoder_call_line("batched", len(call), sum(call))
             for call in row["call_patches"]
         ]
-        row_steps = _burst_steps(
-            report, steps, batched=True, cap=row["cap"], deterministic=False
-        )
+        row_steps = _burst_steps(report, steps, batched=True, cap=row["cap"])
         for step in row_steps:
             assert step["lines"] == expected, row["cap"]
         # One peak measurement per row, after the previous step's embeddings
@@ -257,20 +257,15 @@ def test_cap_rows_are_the_series_capped_calls_measured_from_an_empty_cache(run):
         assert [s["cached_at_peak_start"] for s in measured] == [0], row["cap"]
 
 
-def test_bf16_batched_vs_alone_rows(run):
+def test_bf16_batched_vs_alone_row(run):
     report, _ = run
-    rows = {d["deterministic"]: d for d in report["diffs"]}
-    assert set(rows) == {False, True}
-    for d in rows.values():
-        assert d["dtype"] == "bfloat16"
-        assert d["images"] == report["requests"]
-        assert 0 <= d["bitwise_equal_images"] <= d["images"]
-        assert -1.0 <= d["min_token_cosine"] <= d["mean_token_cosine"] <= 1.0 + 1e-12
-        assert (d["max_abs_diff"] == 0) == d["bitwise"]
-    # Deterministic inference: one image per encoder call, bitwise equal to alone.
-    assert rows[True]["calls"] == report["requests"]
-    assert rows[True]["bitwise"] and report["deterministic_bitwise_ok"]
-    assert rows[False]["calls"] == 1
+    (d,) = report["diffs"]
+    assert d["dtype"] == "bfloat16"
+    assert d["images"] == report["requests"]
+    assert 0 <= d["bitwise_equal_images"] <= d["images"]
+    assert -1.0 <= d["min_token_cosine"] <= d["mean_token_cosine"] <= 1.0 + 1e-12
+    assert (d["max_abs_diff"] == 0) == d["bitwise"]
+    assert d["calls"] == 1  # the batched step: one cross-request call
 
 
 def test_sdpa_rows_launch_once_per_distinct_size(run):
@@ -343,19 +338,14 @@ def _built_report():
         diffs=[
             dict(
                 dtype="bfloat16",
-                deterministic=det,
-                calls=calls,
+                calls=1,
                 step_ms=ms(),
-                bitwise_equal_images=equal,
+                bitwise_equal_images=2,
                 images=6,
-                max_abs_diff=diff,
-                mean_token_cosine=1 - rng.uniform(0, 1e-3) * (not det),
-                min_token_cosine=1 - rng.uniform(1e-3, 1e-2) * (not det),
-                bitwise=det,
-            )
-            for det, calls, equal, diff in (
-                (False, 1, 2, rng.uniform(1e-3, 1e-1)),
-                (True, 6, 6, 0.0),
+                max_abs_diff=rng.uniform(1e-3, 1e-1),
+                mean_token_cosine=1 - rng.uniform(0, 1e-3),
+                min_token_cosine=1 - rng.uniform(1e-3, 1e-2),
+                bitwise=False,
             )
         ],
         sdpa=[
@@ -446,10 +436,10 @@ def test_markdown_shows_the_json():
         for c in report["caps"]
     ]
     diffs = _table_rows(markdown, "dtype")
-    assert [(r[0], r[1], r[4], r[5]) for r in diffs] == [
+    assert [(r[0], int(r[1]), r[3], r[4]) for r in diffs] == [
         (
             "bfloat16",
-            "on" if d["deterministic"] else "off",
+            d["calls"],
             f"{d['bitwise_equal_images']} / {d['images']}",
             f"{d['max_abs_diff']:.3g}",
         )
