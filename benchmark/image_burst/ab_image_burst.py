@@ -14,7 +14,7 @@ by copying it and running ``scripts/series.py apply --target``).
 
 Prints the seed-style table: Build, Burst, Mean TTFT, P99 TTFT, Output tok/s,
 images per rank, encoder calls and images per call (from ``/metrics``: the
-series' ``sglang:encoder_*`` with ``--enable-metrics``; n/a on a pristine
+series' ``sglang:mm_encoder_*`` with ``--enable-metrics``; n/a on a pristine
 build), compiles after ready, each the median across runs with the spread
 (min-max), plus failed requests and launch-to-ready seconds. Writes all raw
 numbers to ``--out-dir``/ab.json after every finished run (a temp file
@@ -1293,7 +1293,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--a-extra-args",
         default="",
         help="launch flags for build A only, one shell-quoted string (e.g. a cap: "
-        "'--mm-max-encoder-patches-per-call 8192'); --cpu too",
+        "'--mm-max-encoder-patches-per-rank 8192'); --cpu too",
     )
     p.add_argument("--b-extra-args", default="", help="launch flags for build B only")
     g = p.add_argument_group(

@@ -31,8 +31,8 @@ burst), so a hung burst fails in minutes.
 
 Images per rank, encoder calls and images per call come from the server's
 ``/metrics`` (scraped before and after each burst): the series exports
-``sglang:encoder_calls_total`` and ``sglang:encoder_mm_items_per_call`` (read
-for ``modality="image"``) and ``sglang:encoder_dp_rank_grids_total`` (per
+``sglang:mm_encoder_calls_total`` and ``sglang:mm_encoder_items_per_call`` (read
+for ``modality="image"``) and ``sglang:mm_encoder_dp_rank_grids_total`` (per
 scheduler, told apart by its ``tp_rank`` label) with ``--enable-metrics``; a
 pristine build exports none of them (n/a).
 
@@ -224,9 +224,9 @@ def compiles_per_rank(events: Sequence[CompileEvent]) -> Dict[str, int]:
     return dict(sorted(out.items()))
 
 
-ENCODER_CALLS = "sglang:encoder_calls_total"
-ENCODER_ITEMS = "sglang:encoder_mm_items_per_call"
-ENCODER_RANK_GRIDS = "sglang:encoder_dp_rank_grids_total"
+ENCODER_CALLS = "sglang:mm_encoder_calls_total"
+ENCODER_ITEMS = "sglang:mm_encoder_items_per_call"
+ENCODER_RANK_GRIDS = "sglang:mm_encoder_dp_rank_grids_total"
 # The call series' modality label of the images a burst sends.
 IMAGE = "image"
 
@@ -337,7 +337,7 @@ def encoder_call_delta(before: Optional[dict], after: Optional[dict]) -> Optiona
 def images_per_rank(encoder: Optional[dict]) -> Optional[List[int]]:
     """Images each attention-TP rank encoded, rank 0 first, from an encoder delta.
 
-    Read from ``sglang:encoder_dp_rank_grids_total`` (each scheduler's, by
+    Read from ``sglang:mm_encoder_dp_rank_grids_total`` (each scheduler's, by
     its ``tp_rank`` label), which the series exports with ``--enable-metrics``
     when the DP encoder's image-level runner splits a call; a burst's image
     is one grid. ``None`` (n/a) when the server exports no such series (a
@@ -690,7 +690,7 @@ def summarize_record(
 def cache_hits(cfg: BurstConfig, encoder: Optional[dict], completed: int) -> dict:
     """Images the burst's completed requests sent, and how many of them the
     encoder did not run on (served from SGLang's multimodal embedding cache):
-    sent minus the images the series' ``sglang:encoder_mm_items_per_call``
+    sent minus the images the series' ``sglang:mm_encoder_items_per_call``
     counted in the burst. ``None`` without those metrics (pristine, metrics off)."""
     sent = completed * cfg.image_count
     hits = None if not encoder else max(0, sent - encoder["images"])

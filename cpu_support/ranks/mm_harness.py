@@ -18,7 +18,8 @@ SGLang's post-load hook (the model's own ``precompile_kernels_after_loading``),
 scheduler's ``init_metrics_collector`` with ``--enable-metrics`` and publishes
 the series' multimodal encoder metrics collector (``MMEncoderMetricsCollector``,
 ``sglang:mm_encoder_*``) on a private Prometheus registry
-(``vit_metrics_collector`` builds one from given labels); ``metric_samples``
+(``vit_metrics_collector`` builds one from given labels,
+``noting_observations`` notes what the series hands it); ``metric_samples``
 and ``metric_total`` read a registry back as a scrape shows it.
 """
 
@@ -410,6 +411,36 @@ def vit_metrics_collector(labels: dict, records_calls: bool = True, registry=Non
         _histogram_cls = functools.partial(Histogram, registry=registry)
 
     return PrivateRegistryCollector(labels, records_calls=records_calls), registry
+
+
+def noting_observations(collector, note):
+    """``collector`` (a ``MMEncoderMetricsCollector``), each observation the
+    series hands it also passed to ``note`` before the real method runs: an
+    encoder call as ``dict(path, modality, requests, items, patches)`` (the
+    patches by the call site's own ``patches_of``), a DP-encoder share as
+    ``dict(dp_encoder_grids=n)``. Noted on every rank, recording or not."""
+    observe_call = collector.observe_encoder_call
+    observe_share = collector.observe_dp_encoder_share
+
+    def observe_encoder_call(path, items, requests, patches_of):
+        note(
+            dict(
+                path=path,
+                modality=items[0].modality.name.lower(),
+                requests=requests,
+                items=len(items),
+                patches=sum(patches_of(item) for item in items),
+            )
+        )
+        observe_call(path, items, requests, patches_of)
+
+    def observe_dp_encoder_share(grids):
+        note(dict(dp_encoder_grids=grids))
+        observe_share(grids)
+
+    collector.observe_encoder_call = observe_encoder_call
+    collector.observe_dp_encoder_share = observe_dp_encoder_share
+    return collector
 
 
 class _SchedulerLabels:

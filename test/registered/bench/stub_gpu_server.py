@@ -20,7 +20,8 @@ needs a GPU, and keeps the preconditions a real GPU server has:
   on its ``PYTHONPATH`` has the series applied (``series.py status``),
   ``/metrics`` exports the series' encoder series through the tree's own
   collector (``sglang.srt.observability.metrics_collector
-  .ViTEncoderMetricsCollector``), one per simulated scheduler as a TP server
+  .MMEncoderMetricsCollector``, ``sglang:mm_encoder_*``), one per simulated
+  scheduler as a TP server
   has them: each with a scheduler's labels (its own ``tp_rank``) in its own
   registry, attention-TP rank 0 recording the call series, and ``/metrics``
   holding every scheduler's series as a multiprocess server's does. Each
@@ -173,20 +174,20 @@ def _build_kernels(size, tp_size: int) -> None:
 
 def _scheduler_collectors(model, tp_size):
     """(collector, registry) of each scheduler of a TP server with
-    --enable-metrics: the tree's ViTEncoderMetricsCollector with the labels
+    --enable-metrics: the tree's MMEncoderMetricsCollector with the labels
     SchedulerMetricsCollector.init_new gives that scheduler, in a registry of
     its own; attention-TP rank 0 records the call series."""
     import functools
 
     import prometheus_client as pc
 
-    from sglang.srt.observability.metrics_collector import ViTEncoderMetricsCollector
+    from sglang.srt.observability.metrics_collector import MMEncoderMetricsCollector
 
     out = []
     for rank in range(tp_size):
         registry = pc.CollectorRegistry()
 
-        class OnRegistry(ViTEncoderMetricsCollector):
+        class OnRegistry(MMEncoderMetricsCollector):
             _counter_cls = functools.partial(pc.Counter, registry=registry)
             _histogram_cls = functools.partial(pc.Histogram, registry=registry)
 
@@ -347,16 +348,17 @@ def main():
                     if isinstance(c, dict) and c.get("type") == "image_url"
                 ]
                 _, per_rank, _ = get_dp_encoder_lb_assignment(sizes, args.tp_size)
-                items = [types.SimpleNamespace(modality=Modality.IMAGE)] * k
+                items = [
+                    types.SimpleNamespace(modality=Modality.IMAGE, patches=n)
+                    for n in sizes
+                ]
                 with lock:
-                    # Every scheduler runs the call (one request's k images);
-                    # each records its own share.
+                    # Every scheduler runs the call (one request's k images)
+                    # and observes it once it returned; each records its own
+                    # share.
                     for (metrics, _), count in zip(schedulers, per_rank):
-                        metrics.observe_batched_calls(
-                            items,
-                            [list(range(k))],
-                            [[n] for n in sizes],
-                            lambda: [0] * k,
+                        metrics.observe_encoder_call(
+                            "batched", items, 1, lambda item: item.patches
                         )
                         metrics.observe_dp_encoder_share(count)
             out = int(body.get("max_completion_tokens") or 4)

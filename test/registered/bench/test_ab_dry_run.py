@@ -236,7 +236,7 @@ def test_ab_gpu_path_with_pinned_revision_and_a_failed_third_launch(gpu_box, cap
     assert wait["waited_s"] >= 1.0 and wait["used_mib"] == {"0": 300.0, "1": 300.0}
 
     # Item 7: images per rank and calls from /metrics, as the series tree's own
-    # ViTEncoderMetricsCollector exports them (one per scheduler, each with
+    # MMEncoderMetricsCollector exports them (one per scheduler, each with
     # its labels); pristine exports none. Each one-image request is one call,
     # and the DP load balancer puts a lone image on tp_rank 0; tp_rank 1
     # records its empty share.

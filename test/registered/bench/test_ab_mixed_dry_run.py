@@ -4,7 +4,7 @@ The same GPU box as ``test_ab_dry_run.py`` (stub ``launch_server``, fake
 ``nvidia-smi``, pinned-revision download into a private cache, the real
 pristine and series trees): two alternating runs of mixed bursts, each with a
 bad image the server refuses. The series build's ``/metrics`` come from the
-series tree's own ``ViTEncoderMetricsCollector`` (see ``stub_gpu_server.py``).
+series tree's own ``MMEncoderMetricsCollector`` (see ``stub_gpu_server.py``).
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci

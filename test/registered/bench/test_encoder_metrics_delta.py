@@ -1,8 +1,9 @@
 """The burst table's "encoder calls", "images per call" and "images per rank"
 columns, from a real Prometheus exposition of the fork's series (the real
-ViTEncoderMetricsCollector of each scheduler, on its own private registry,
-fed through its observe methods); and "n/a" from an exposition without them
-(a control: the parser alone)."""
+MMEncoderMetricsCollector of each scheduler, ``sglang:mm_encoder_*``, on its
+own private registry, fed through its observe methods with the patch count
+the series' call sites hand it, ``vit_batching.item_patches``); and "n/a"
+from an exposition without them (a control: the parser alone)."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -49,14 +50,17 @@ class Server:
 
     def batched(self, images):
         """One cross-request call of ``images`` single-image requests."""
+        from sglang.srt.multimodal.vit_batching import item_patches
+
         metrics = self.ranks[0][0]
-        items = _items(images)
-        metrics.observe_batched_calls(
-            items, [list(range(images))], [[64]] * images, lambda: list(range(images))
-        )
+        metrics.observe_encoder_call("batched", _items(images), images, item_patches)
 
     def per_request(self, images, modality="IMAGE"):
-        self.ranks[0][0].observe_request_call("per_request", _items(images, modality))
+        from sglang.srt.multimodal.vit_batching import item_patches
+
+        self.ranks[0][0].observe_encoder_call(
+            "per_request", _items(images, modality), 1, item_patches
+        )
 
     def shares(self, *grids):
         for (metrics, _), n in zip(self.ranks, grids):

@@ -6,8 +6,9 @@ function and DP runner), tiny sizes on the CPU. Per-request calls put every
 one-image call on one rank; the cross-request call splits the burst's images
 over both ranks as the DP encoder's load balancer assigns them.
 
-Each rank also reports what the series recorded of its steps (its DEBUG
-lines, ``observability/metrics_collector``): the batched path is the series'
+Each rank also reports what the series observed of its steps (each
+observation it hands the ``MMEncoderMetricsCollector`` a scheduler with
+``--enable-metrics`` publishes): the batched path is the series'
 cross-request call (``path=batched``, every request in it) with each rank's
 share as the balancer assigned it; the per-request path is one
 ``path=per_request`` call per request.
@@ -18,36 +19,32 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
-import logging  # noqa: E402
 
 import gpu_vit_dp_step as D  # noqa: E402
 import pytest  # noqa: E402
 
 BURST = "64x64:3,128x64:2"  # 5 requests: 16 and 32 patches, interleaved
 REPEATS = 1
-METRICS_LOGGER = "sglang.srt.observability.metrics_collector"
 REAL_RANK_MAIN = D.rank_main
 
 
 def observed_rank_main(rank, world_size, init_method, opts):
-    """The dry run's own rank, with the series' DEBUG records of its steps
-    collected (a handler on the metrics module's logger; nothing replaced).
-    The records come from the collector a scheduler with --enable-metrics
-    publishes, so this rank publishes one as that rank's scheduler would: its
-    tp_rank, the call series recorded on rank 0 (DEBUG lines on both)."""
-    from cpu_support.ranks.mm_harness import LogRecords, vit_metrics_collector
+    """The dry run's own rank, with the series' observations of its steps
+    noted (nothing the run computes is replaced). They go to the collector a
+    scheduler with --enable-metrics publishes, so this rank publishes one as
+    that rank's scheduler would: its tp_rank, the call series recorded on
+    rank 0 (observations noted on both)."""
+    from cpu_support.ranks.mm_harness import noting_observations, vit_metrics_collector
 
-    from sglang.srt.multimodal.vit_batching import set_vit_encoder_metrics
+    from sglang.srt.runtime_context import get_resources
 
-    set_vit_encoder_metrics(
-        vit_metrics_collector({"tp_rank": rank}, records_calls=rank == 0)[0]
+    notes = []
+    get_resources().mm_encoder_metrics = noting_observations(
+        vit_metrics_collector({"tp_rank": rank}, records_calls=rank == 0)[0],
+        notes.append,
     )
-    records = LogRecords()
-    log = logging.getLogger(METRICS_LOGGER)
-    log.addHandler(records)
-    log.setLevel(logging.DEBUG)
     out = REAL_RANK_MAIN(rank, world_size, init_method, opts)
-    out["series_lines"] = [message for _, message in records.lines]
+    out["series_observations"] = notes
     return out
 
 
@@ -114,28 +111,22 @@ def test_dry_run_per_request_vs_one_cross_request_call(tmp_path, monkeypatch):
     # unrelated one-image warm-up step, then each path's steps (the first,
     # the memory run, the warmed repeats).
     steps = 2 + REPEATS
-    call = "ViT encoder call: path={} modality=image requests={} items={} patches={}"
-    warm = [call.format("batched", 1, 1, D.U.patches((1, 4, 4)))]
-    per_request = [call.format("per_request", 1, 1, n) for n in sizes]
-    batched = [call.format("batched", 5, 5, sum(sizes))]
+    def call(path, images, patches):
+        return dict(
+            path=path, modality="image", requests=images, items=images, patches=patches
+        )
+
+    warm = [call("batched", 1, D.U.patches((1, 4, 4)))]
+    per_request = [call("per_request", 1, n) for n in sizes]
+    batched = [call("batched", 5, sum(sizes))]
     for rank, per_rank in enumerate(report["per_rank"]):
-        calls = [
-            line
-            for line in per_rank["series_lines"]
-            if line.startswith("ViT encoder call:")
-        ]
+        noted = per_rank["series_observations"]
+        calls = [n for n in noted if "path" in n]
         expected = warm + per_request * steps + batched * steps
-        assert calls == [f"{c} tp_rank={rank}" for c in expected], (rank, calls)
-        shares = [
-            line
-            for line in per_rank["series_lines"]
-            if line.startswith("ViT DP encoder:")
-        ]
+        assert calls == expected, (rank, calls)
+        shares = [n["dp_encoder_grids"] for n in noted if "dp_encoder_grids" in n]
         # The batched steps' shares: each rank's, as the balancer assigned them.
-        assert (
-            shares[-steps:]
-            == [f"ViT DP encoder: tp_rank={rank} grids={counts[rank]}"] * steps
-        ), shares
+        assert shares[-steps:] == [counts[rank]] * steps, shares
 
 
 @pytest.mark.control(reason="argument check of the script")

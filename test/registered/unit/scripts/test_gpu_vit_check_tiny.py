@@ -76,8 +76,8 @@ def _table_rows(markdown: str, first_header: str):
 # right before the start value: anything cached then would be freed inside the
 # measurement and lower the peak). After the check publishes its context, the
 # scheduler's metrics collector is published as with --enable-metrics (rank 0
-# of one), its observe_encoder_call noting each call it is handed before the
-# real method runs. Nothing the check computes is replaced.
+# of one), noting each encoder call it is handed before the real method runs
+# (mm_harness.noting_observations). Nothing the check computes is replaced.
 _OBSERVED_RUN = textwrap.dedent(
     """
     import contextlib, json, sys
@@ -93,22 +93,16 @@ _OBSERVED_RUN = textwrap.dedent(
         # What a scheduler with --enable-metrics publishes for the encoder
         # path: rank 0 of one here.
         real_init_ranks(*args, **kwargs)
-        from cpu_support.ranks.mm_harness import vit_metrics_collector
+        from cpu_support.ranks.mm_harness import (
+            noting_observations, vit_metrics_collector)
         from sglang.srt.runtime_context import get_resources
 
-        collector = vit_metrics_collector({"tp_rank": 0})[0]
-        real_observe = collector.observe_encoder_call
+        def note(observed):
+            if steps and "path" in observed:  # the encoder calls
+                steps[-1]["lines"].append(observed)
 
-        def observe_encoder_call(path, items, requests, patches_of):
-            if steps:
-                steps[-1]["lines"].append(dict(
-                    path=path, modality=items[0].modality.name.lower(),
-                    requests=requests, items=len(items),
-                    patches=sum(patches_of(item) for item in items)))
-            real_observe(path, items, requests, patches_of)
-
-        collector.observe_encoder_call = observe_encoder_call
-        get_resources().mm_encoder_metrics = collector
+        get_resources().mm_encoder_metrics = noting_observations(
+            vit_metrics_collector({"tp_rank": 0})[0], note)
 
     real_step = G.timed_step
 
