@@ -5,7 +5,7 @@ A burst of single-image requests of mixed sizes goes through SGLang's real
 ``mm_schedule._get_chunked_prefill_embedding`` (the prefill step's
 multimodal embedding, cross-request ViT batching) with SGLang's real
 Qwen3-VL vision tower (random weights, sizes from the flags), once per value
-of ``--mm-max-encoder-patches-per-call`` (set with ``get_mm().override``).
+of ``--mm-max-encoder-patches-per-rank`` (set with ``get_mm().override``).
 
 Every (setting, cap) point runs in fresh processes: one process, or the DP
 encoder on 2 gloo ranks (attention-TP 2, ``mm_enable_dp_encoder``; the cap is
@@ -29,7 +29,7 @@ per-patch cost and the knee use it.
 
 Splitter table (``--splitter-only`` prints just it, in a few seconds): the
 scheduler-side milliseconds per step that splitting a step's cache misses
-into capped calls costs (``vit_batching.encoder_call_groups``; no encoding),
+into capped calls costs (``vit_batching.split_encoder_calls``; no encoding),
 at 64, 512 and 1024 images of 64 patches, cap 16384, attention-TP 2, next to
 a reference splitter that re-runs the DP load balancer on the growing
 call for every image. Both must give the same calls;
@@ -95,7 +95,7 @@ def _point(rank, world_size, init_method, cfg, cap):
         return time.perf_counter() - t0, c1 - c0
 
     times, cpu, peaks = [], [], []
-    with torch.no_grad(), get_mm().override(mm_max_encoder_patches_per_call=cap):
+    with torch.no_grad(), get_mm().override(mm_max_encoder_patches_per_rank=cap):
         step()  # warm-up at this cap: same call shapes as the timed steps
         baseline = U.rss_mib()
         for _ in range(cfg["repeats"]):
@@ -121,7 +121,7 @@ def _point(rank, world_size, init_method, cfg, cap):
 
 SPLITTER_IMAGES = (64, 512, 1024)
 SPLITTER_PATCHES = 64  # patches per image
-SPLITTER_CAP = 16384  # --mm-max-encoder-patches-per-call
+SPLITTER_CAP = 16384  # --mm-max-encoder-patches-per-rank
 SPLITTER_RANKS = 2  # attention-TP width of the DP encoder
 
 
@@ -179,14 +179,16 @@ def splitter_rows(
     from sglang.srt.multimodal.mm_utils import (  # noqa: F401
         get_dp_encoder_lb_assignment,
     )
-    from sglang.srt.multimodal.vit_batching import encoder_call_groups
+    from sglang.srt.multimodal.vit_batching import split_encoder_calls
 
     rows = []
     for n in images:
         sizes = [patches] * n
+        # The series' splitter takes each item's pieces (one grid: one piece).
         now_ms, now = _ms_per_step(
-            encoder_call_groups, sizes, cap, ranks, budget_s, 200
+            split_encoder_calls, [[size] for size in sizes], cap, ranks, budget_s, 200
         )
+        now = [list(call) for call in now]
         old_ms, old = _ms_per_step(prefix_call_groups, sizes, cap, ranks, budget_s, 5)
         rows.append(
             dict(
@@ -212,7 +214,7 @@ def splitter_table(
         [
             "images",
             "calls",
-            "encoder_call_groups (ms)",
+            "split_encoder_calls (ms)",
             "pre-fix: balancer per image (ms)",
             "same calls",
         ],
@@ -249,7 +251,8 @@ def main(argv=None):
         "--caps",
         type=U.caps_arg,
         default=U.caps_arg("1,512,1024,2048,4096,none"),
-        help="comma list of patch caps per call (per rank with the DP encoder); 'none' = no cap",
+        help="comma list of --mm-max-encoder-patches-per-rank values (a rank's patches per "
+        "call: the whole call's in one process); 'none' = no cap",
     )
     p.add_argument(
         "--burst",
@@ -284,7 +287,7 @@ def main(argv=None):
         print(splitter_table(rows))
         if not all(r["same_groups"] for r in rows):
             sys.exit(
-                "bench_vit_cap: encoder_call_groups and the pre-fix splitter disagree"
+                "bench_vit_cap: split_encoder_calls and the pre-fix splitter disagree"
             )
         return {"splitter": rows}
     settings = {"1proc": ("1 process", 1), "dp2": ("DP encoder, 2 gloo ranks", 2)}
@@ -391,7 +394,7 @@ def main(argv=None):
     print()
     print(splitter_table(splitter))
     if not all(r["same_groups"] for r in splitter):
-        sys.exit("bench_vit_cap: encoder_call_groups and the pre-fix splitter disagree")
+        sys.exit("bench_vit_cap: split_encoder_calls and the pre-fix splitter disagree")
     results["splitter"] = splitter
     print(
         f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'benchmark/vit/bench_vit_cap.py'] + (sys.argv[1:] if argv is None else list(argv)))}"

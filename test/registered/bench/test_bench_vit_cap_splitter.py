@@ -1,5 +1,5 @@
 """benchmark/vit/bench_vit_cap.py's splitter row: it runs, and the splitter the
-series ships (``vit_batching.encoder_call_groups``) gives the same calls as
+series ships (``vit_batching.split_encoder_calls``) gives the same calls as
 the pre-fix algorithm the bench keeps as its reference.
 
 The bench's own pieces are controls: its reference splitter (upstream's DP
@@ -44,14 +44,14 @@ def test_a_splitter_that_disagrees_stops_the_bench(monkeypatch, capsys):
     # module), as the bench imports it, then the stand-in.
     import sglang.srt.multimodal.mm_utils  # noqa: F401
 
-    def one_image_per_call(patches, cap, ranks=1):
-        return [[i] for i in range(len(patches))]
+    def one_image_per_call(items, cap, ranks):
+        return [range(i, i + 1) for i in range(len(items))]
 
     # Where the bench imports the series' splitter from (it imports it when it runs).
     monkeypatch.setitem(
         sys.modules,
         SPLITTER_MODULE,
-        types.SimpleNamespace(encoder_call_groups=one_image_per_call),
+        types.SimpleNamespace(split_encoder_calls=one_image_per_call),
     )
     with pytest.raises(SystemExit, match="disagree"):
         B.main(["--splitter-only"])
@@ -72,7 +72,9 @@ def test_prefix_reference_splits_uniform_images_into_full_calls(n, patches, cap,
     assert [i for g in groups for i in g] == list(range(n))
 
 
-def test_encoder_call_groups_matches_the_prefix_reference_on_mixed_sizes():
+def test_split_encoder_calls_matches_the_prefix_reference_on_mixed_sizes():
+    """One-grid images (one piece each, as Qwen3-VL's): the series' splitter
+    makes the calls the reference makes."""
     from sglang.srt.multimodal import vit_batching
 
     rng = random.Random(12)
@@ -83,6 +85,7 @@ def test_encoder_call_groups_matches_the_prefix_reference_on_mixed_sizes():
             rng.choice([1, 16, 64, 256, 1024, rng.randint(1, 2000)])
             for _ in range(rng.randint(1, 40))
         ]
-        assert vit_batching.encoder_call_groups(
+        calls = vit_batching.split_encoder_calls([[s] for s in sizes], cap, ranks)
+        assert [list(call) for call in calls] == B.prefix_call_groups(
             sizes, cap, ranks
-        ) == B.prefix_call_groups(sizes, cap, ranks), (sizes, cap, ranks)
+        ), (sizes, cap, ranks)
