@@ -1,29 +1,24 @@
 #!/usr/bin/env python
-"""Determinism of cross-request ViT batching on CPU: batched vs alone, and its cost.
+"""Determinism of cross-request ViT batching on CPU: batched vs each image alone.
 
 SGLang's real Qwen3-VL vision tower (random weights, sizes from the flags)
 and SGLang's real scheduler step (``mm_schedule._get_chunked_prefill_embedding``)
 encode a burst of single-image requests of mixed sizes. "alone" is each image
 through ``get_image_feature([item])`` on its own, assembled like the step.
 
-(a) Without deterministic inference, per image, batched vs alone: how many
-    images are bitwise equal, the max |diff|, and the mean and minimum
-    per-token cosine (float64), in fp32 and bf16. "per-sequence" is the SDPA
-    vision attention as this series builds it; "dense mask (0.5.23)" swaps in,
-    for this benchmark process only, the unpatched behaviour (all packed
-    sequences in one SDPA call under a block-diagonal mask). The product has no
-    such switch.
-(b) The cost of ``--enable-deterministic-inference`` (set with
-    ``get_exec().deterministic.override``): vision-step time on vs off, one
-    process and the DP encoder on 2 gloo ranks, and whether the step's output
-    is bitwise equal to the images encoded alone. Off and on steps alternate;
-    each starts from an empty embedding cache; median of ``--repeats`` after
-    one warm-up of each. Wall time is rank 0's between barriers; CPU time is
-    the process time of the busiest rank (one torch thread per process, so it
-    is the step's compute and does not grow with other load on the machine);
-    "CPU vs off" compares CPU times.
+Per image, batched vs alone: how many images are bitwise equal, the max
+|diff|, and the mean and minimum per-token cosine (float64), in fp32 and bf16.
+"per-sequence" is the SDPA vision attention as this series builds it; "dense
+mask (0.5.23)" swaps in, for this benchmark process only, the unpatched
+behaviour (all packed sequences in one SDPA call under a block-diagonal
+mask). The product has no such switch.
 
-Example (the benchmark/vit/README.md tables):
+Deterministic inference is not measured: the series has no path of its own
+for it, and the batch-invariant ops ``--enable-deterministic-inference``
+installs (``ModelRunner.maybe_enable_batch_invariant_mode``) need an
+accelerator. One process.
+
+Example (the benchmark/vit/README.md table):
     .venv/bin/python benchmark/vit/bench_vit_determinism.py
 """
 
@@ -33,7 +28,6 @@ import argparse
 import datetime
 import os
 import shlex
-import statistics
 import sys
 import time
 
@@ -76,15 +70,9 @@ def _worker(rank, world_size, init_method, cfg):
     from cpu_support.ranks import mm_harness as H
     from cpu_support.tiny_models import tiny_qwen3_vl as T
 
-    from sglang.srt.runtime_context import get_exec
-
-    dp = world_size > 1
     config = T.tiny_qwen3_vl_config(vision=cfg["vision"])
     T.publish_cpu_context(
-        tp_size=world_size,
-        rank=rank,
-        dp_encoder=dp,
-        model_path=T.write_config_dir(config),
+        tp_size=world_size, rank=rank, model_path=T.write_config_dir(config)
     )
     T.init_gloo(rank, world_size, init_method)
     requests = [
@@ -92,70 +80,24 @@ def _worker(rank, world_size, init_method, cfg):
     ]
     tokens = [(U.patches(g) // (U.MERGE * U.MERGE)) for g in cfg["grids"]]
 
-    def barrier():
-        if dp:
-            torch.distributed.barrier()
-
-    def step(model, deterministic):
-        with get_exec().deterministic.override(
-            enable_deterministic_inference=deterministic
-        ):
-            H.fresh_embedding_cache()
-            with U.EncoderCallLog(model) as log, H.TowerCalls().attach(
-                model.visual
-            ) as tower:
-                barrier()
-                t0, c0 = time.perf_counter(), time.process_time()
-                out = H.run_prefill_embedding(model, requests)
-                used = time.process_time() - c0
-                barrier()
-                elapsed = time.perf_counter() - t0
-        return out, (elapsed, used), len(log.calls), len(tower.calls)
-
-    diffs, costs = [], []
+    diffs = []
     for dtype_name in cfg["dtypes"]:
         model = T.build_tiny_qwen3_vl(config, dtype=getattr(torch, dtype_name), seed=0)
         with torch.no_grad():
-            if not dp:  # (a): batched vs alone without deterministic inference
-                for attention in cfg["attention"]:
-                    with U.dense_masked_attention(attention == "dense"):
-                        batched, _, _, _ = step(model, False)
-                        alone = H.reference_rows(model, requests)
-                    diffs.append(
-                        dict(
-                            dtype=dtype_name,
-                            attention=attention,
-                            **_per_image_diff(batched, alone, tokens),
-                        )
-                    )
-            # (b): deterministic inference off vs on, installed attention
-            alone = H.reference_rows(model, requests)
-            times = {False: [], True: []}
-            cpu = {False: [], True: []}
-            info = {}
-            for k in range(cfg["repeats"] + 1):  # k == 0 warms both modes up
-                for mode in (False, True):
-                    out, elapsed, calls, tower_calls = step(model, mode)
-                    if k:
-                        times[mode].append(elapsed[0])
-                        cpu[mode].append(elapsed[1])
-                    info[mode] = dict(
-                        calls=calls,
-                        tower_calls=tower_calls,
-                        bitwise=bool(torch.equal(out, alone)),
-                    )
-            for mode in (False, True):
-                costs.append(
+            for attention in cfg["attention"]:
+                with U.dense_masked_attention(attention == "dense"):
+                    H.fresh_embedding_cache()
+                    batched = H.run_prefill_embedding(model, requests)
+                    alone = H.reference_rows(model, requests)
+                diffs.append(
                     dict(
                         dtype=dtype_name,
-                        deterministic=mode,
-                        times=times[mode],
-                        cpu=cpu[mode],
-                        **info[mode],
+                        attention=attention,
+                        **_per_image_diff(batched, alone, tokens),
                     )
                 )
         del model
-    return {"diffs": diffs, "costs": costs}
+    return {"diffs": diffs}
 
 
 def _fmt_cos(c: float, bitwise: bool) -> str:
@@ -176,30 +118,20 @@ def main(argv=None):
         help=f"single-image requests, WxH:count,... in pixels (default {DEFAULT_BURST})",
     )
     p.add_argument(
-        "--settings",
-        default="1proc,dp2",
-        help="1proc and/or dp2 (comma list); (a) runs in 1proc",
-    )
-    p.add_argument(
         "--dtypes", default="float32,bfloat16", help="comma list of float32, bfloat16"
     )
-    p.add_argument("--repeats", type=int, default=3, help="timed steps per mode (>= 1)")
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     args = p.parse_args(argv)
-    settings = {"1proc": ("1 process", 1), "dp2": ("DP encoder, 2 gloo ranks", 2)}
-    chosen = [s.strip() for s in args.settings.split(",") if s.strip()]
+    args.repeats = 1  # what check_run_args checks; this benchmark times nothing
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    for s in chosen:
-        if s not in settings:
-            p.error(f"unknown setting {s!r}: choose from {', '.join(settings)}")
     for d in dtypes:
         if d not in DTYPES:
             p.error(f"unknown dtype {d!r}: choose from {', '.join(DTYPES)}")
-    if not chosen or not dtypes:
-        p.error("need at least one setting and one dtype")
+    if not dtypes:
+        p.error("need at least one dtype")
     U.check_run_args(p, args)
 
     grids = U.burst_grids(args.burst)
@@ -208,33 +140,14 @@ def main(argv=None):
         grids=grids,
         dtypes=dtypes,
         attention=["per-sequence", "dense"],
-        repeats=args.repeats,
     )
     from cpu_support.ranks.gloo import run_on_ranks
 
-    diffs, costs = [], []
-    for key in chosen:
-        label, world = settings[key]
-        t0 = time.perf_counter()
-        per_rank = run_on_ranks(
-            _worker, world, cfg, timeout=3600, threads_per_rank=args.threads
-        )
-        diffs.extend(per_rank[0]["diffs"])
-        for i, row in enumerate(per_rank[0]["costs"]):
-            others = [r["costs"][i] for r in per_rank]
-            costs.append(
-                dict(
-                    row,
-                    setting=label,
-                    tower_calls=" / ".join(str(o["tower_calls"]) for o in others),
-                    bitwise=all(o["bitwise"] for o in others),
-                    median_ms=1000 * statistics.median(row["times"]),
-                    cpu_ms=1000 * max(statistics.median(o["cpu"]) for o in others),
-                )
-            )
-        print(
-            f"# {label}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True
-        )
+    t0 = time.perf_counter()
+    diffs = run_on_ranks(
+        _worker, 1, cfg, timeout=3600, threads_per_rank=args.threads
+    )[0]["diffs"]
+    print(f"# 1 process: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
 
     total = sum(U.patches(g) for g in grids)
     kinds = ", ".join(f"{n}× {w}×{h}" for w, h, n in args.burst)
@@ -245,7 +158,7 @@ def main(argv=None):
         f"process.\n"
     )
     if diffs:
-        print("(a) Batched vs alone, deterministic inference off, 1 process:\n")
+        print("Batched vs alone, 1 process:\n")
         print(
             U.markdown_table(
                 [
@@ -276,46 +189,10 @@ def main(argv=None):
         )
         print()
     print(
-        f"(b) Deterministic inference off vs on (per-sequence SDPA), step median of {args.repeats}:\n"
-    )
-    base = {
-        (c["setting"], c["dtype"]): c["cpu_ms"] for c in costs if not c["deterministic"]
-    }
-    print(
-        U.markdown_table(
-            [
-                "setting",
-                "dtype",
-                "deterministic",
-                "encoder calls",
-                "tower calls per rank",
-                "step wall median (ms)",
-                "step CPU median (ms)",
-                "CPU vs off",
-                "bitwise equal to alone",
-            ],
-            [
-                [
-                    c["setting"],
-                    c["dtype"],
-                    "on" if c["deterministic"] else "off",
-                    c["calls"],
-                    c["tower_calls"],
-                    f"{c['median_ms']:.0f}",
-                    f"{c['cpu_ms']:.0f}",
-                    f"{c['cpu_ms'] / base[(c['setting'], c['dtype'])]:.2f}×",
-                    "yes" if c["bitwise"] else "no",
-                ]
-                for c in costs
-            ],
-            align="lllrrrrrl",
-        )
-    )
-    print(
         f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'benchmark/vit/bench_vit_determinism.py'] + (sys.argv[1:] if argv is None else list(argv)))}"
     )
     print(f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
-    return diffs, costs
+    return diffs
 
 
 if __name__ == "__main__":
