@@ -28,12 +28,18 @@ import pytest  # noqa: E402
 # images a request, image tokens an image.
 BURSTS, PROMPTS, IMAGES, IMAGE_TOKENS = 2, 2, 2, 64
 
-WARM_UP = re.compile(r"vision warm-up \(rank (\d+)\)")
-ROCM = "ROCm, DP encoder, attention-TP 2"
+WARM_UP = re.compile(
+    r"vision warm-up \(rank (\d+), Qwen2_5_VLForConditionalGeneration\): "
+    r"\d+ tower calls in "
+)
+GATE_ON = (
+    "cross-request ViT batching on ROCm: on "
+    "(Qwen2_5_VLForConditionalGeneration, attention-TP 2)"
+)
 # The ROCm simulation's report of the warm-up decision (one per scheduler process).
 SIM_WARM_UP = re.compile(
     r"\[fork demo ROCm gate simulation\] pid (\d+): "
-    r"vision_warm_up_decision -> (True|False)"
+    r"vision_warm_up_needed -> (True|False)"
 )
 
 
@@ -83,7 +89,7 @@ def test_both_ranks_decided_as_rocm_and_warmed_before_ready(shared_tp2_server):
     ranks = sorted({int(m.group(1)) for m in WARM_UP.finditer(before_ready)})
     assert ranks == [0, 1], "vision warm-up lines missing before /health was ready"
     # ...and the scheduler's gate batched for the same reason.
-    assert f"cross-request ViT batching: on ({ROCM})" in shared_tp2_server["log"]
+    assert GATE_ON in shared_tp2_server["log"]
 
 
 @pytest.mark.slow
@@ -96,7 +102,7 @@ def test_each_request_was_one_batched_call_with_one_image_per_rank(shared_tp2_se
         enc = burst["stats"]["encoder"]
         assert (
             enc is not None
-        ), "the series build exports sglang:encoder_* with --enable-metrics"
+        ), "the series build exports sglang:mm_encoder_* with --enable-metrics"
         assert enc["images"] == PROMPTS * IMAGES
         assert enc["encoder_calls"] == PROMPTS
         assert {k: v for k, v in enc["calls_by_path"].items() if v} == {
@@ -110,7 +116,7 @@ def test_each_request_was_one_batched_call_with_one_image_per_rank(shared_tp2_se
     totals = {}
     for family in text_string_to_metric_families(shared_tp2_server["metrics"]):
         for sample in family.samples:
-            if sample.name == "sglang:encoder_dp_rank_grids_total":
+            if sample.name == "sglang:mm_encoder_dp_rank_grids_total":
                 assert sample.labels["tp_rank"] not in totals, sample.labels
                 totals[sample.labels["tp_rank"]] = sample.value
     assert sorted(totals) == ["0", "1"]

@@ -176,7 +176,7 @@ out = {"has_gate": hasattr(ms, "_batch_vit_across_requests"),
        "is_hip_global": getattr(ms, "_is_hip", None),
        "sglang_file": sglang.__file__}
 if out["has_gate"]:
-    import sglang.srt.multimodal.vision_warmup as vw
+    from sglang.srt.multimodal.modality import Modality
 
     from cpu_support.ranks.mm_harness import DecisionModel
 
@@ -184,14 +184,23 @@ if out["has_gate"]:
         return DecisionModel(True)
 
     encoder = Model().get_image_feature  # what the scheduler passes the gate
+
+    def unhooked_gate():  # the gate with mm_schedule's import-time flag (CPU)
+        ms._is_hip = False
+        try:
+            return ms._batch_vit_across_requests(encoder, Modality.IMAGE)
+        finally:
+            ms._is_hip = True
+
     res = {}
     for dp in (True, False):
         publish_cpu_context(tp_size=2, rank=0, dp_encoder=dp)
-        res[str(dp)] = {"wrapped": ms._batch_vit_across_requests(encoder),
-                        "original": ms._batch_vit_across_requests.__wrapped__(encoder),
-                        "helper": mu.hip_dp_encoder_batches_vit(encoder),
-                        "warm_up": vw.vision_warm_up_decision(Model()),
-                        "warm_up_original": vw.vision_warm_up_decision.__wrapped__(Model())}
+        res[str(dp)] = {"wrapped": ms._batch_vit_across_requests(encoder, Modality.IMAGE),
+                        "original": unhooked_gate(),
+                        "helper": mu.hip_dp_encoder_batches_vit(),
+                        "helper_original": mu.hip_dp_encoder_batches_vit.__wrapped__(),
+                        "warm_up": mu.vision_warm_up_needed(Model()),
+                        "warm_up_original": mu.vision_warm_up_needed.__wrapped__(Model())}
     out["decisions"] = res
 out["platform_is_hip_after"] = bool(get_platform().is_hip)
 print("PROBE" + json.dumps(out))
@@ -244,20 +253,25 @@ def test_rocm_gate_hook_on_series_decides_like_rocm_only_inside_the_gate():
     out, err = _probe(series_tree())
     assert out["has_gate"] is True
     d = out["decisions"]
+    assert out["is_hip_global"] is True  # the gate's own ROCm flag
     # ROCm + DP encoder + attention-TP 2: batch, and warm up under the gate.
     assert d["True"] == {
         "wrapped": True,
         "original": True,
         "helper": True,
+        "helper_original": False,  # outside the hook's override: not ROCm
         "warm_up": True,
         "warm_up_original": True,
     }
     # ROCm without DP encoder: per-request, no warm-up.
     assert d["False"]["wrapped"] is False and d["False"]["helper"] is False
     assert d["False"]["warm_up"] is False
-    # Unwrapped, the CPU batches like CUDA: the hook is what makes the difference.
+    # Unhooked, the CPU batches like CUDA: the hook is what makes the difference.
     assert d["False"]["original"] is True
     assert out["platform_is_hip_after"] is False
-    assert "series build: mm_schedule._batch_vit_across_requests" in err
-    assert "vision_warmup.vision_warm_up_decision evaluates under" in err
-    assert "vision_warm_up_decision -> True" in err
+    assert (
+        "series build: mm_schedule._is_hip = True and its hip_dp_encoder_batches_vit "
+        "evaluates under override_platform(is_hip=True)" in err
+    )
+    assert "mm_utils.vision_warm_up_needed evaluates under" in err
+    assert "vision_warm_up_needed -> True" in err
