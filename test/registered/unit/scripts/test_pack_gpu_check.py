@@ -241,7 +241,9 @@ def test_runs_the_check_with_only_the_archive_and_torch(
     assert "| typing_extensions | 4.10.0" in (out / "env.md").read_text()
 
     report = json.loads((out / "gpu_vit_check.json").read_text())
-    assert report["requests"] == 3 and report["deterministic_bitwise_ok"]
+    assert report["requests"] == 3
+    # Section 3 (no determinism patch: batched vs alone only) ran its one row.
+    assert [d["calls"] for d in report["diffs"]] == [1]
     assert [c["cap"] for c in report["caps"]] == [64, None]
     assert report["complete"] is True
     assert report["sections_done"] == ["steps", "caps", "diffs", "sdpa", "graphs"]
