@@ -401,9 +401,7 @@ def timed_step(
     empty_embedding_cache()
     with pinned_gate(batched), get_mm().override(
         mm_max_encoder_patches_per_rank=cap
-    ), U.EncoderCallLog(
-        model
-    ) as log, (
+    ), U.EncoderCallLog(model) as log, (
         dev.peak() if measure_peak else contextlib.nullcontext({})
     ) as mem:
         dev.sync()
@@ -845,9 +843,7 @@ def run(args, files: Optional[SectionFiles] = None):
         # 3. batched vs alone
         alone = alone_rows(model, requests)
         out, _, calls, _ = timed_step(model, requests, dev)
-        times = [
-            timed_step(model, requests, dev).seconds for _ in range(args.repeats)
-        ]
+        times = [timed_step(model, requests, dev).seconds for _ in range(args.repeats)]
         report["diffs"] = [
             dict(
                 dtype=args.dtype,

@@ -144,9 +144,9 @@ def main(argv=None):
     from cpu_support.ranks.gloo import run_on_ranks
 
     t0 = time.perf_counter()
-    diffs = run_on_ranks(
-        _worker, 1, cfg, timeout=3600, threads_per_rank=args.threads
-    )[0]["diffs"]
+    diffs = run_on_ranks(_worker, 1, cfg, timeout=3600, threads_per_rank=args.threads)[
+        0
+    ]["diffs"]
     print(f"# 1 process: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
 
     total = sum(U.patches(g) for g in grids)

@@ -111,6 +111,7 @@ def test_dry_run_per_request_vs_one_cross_request_call(tmp_path, monkeypatch):
     # unrelated one-image warm-up step, then each path's steps (the first,
     # the memory run, the warmed repeats).
     steps = 2 + REPEATS
+
     def call(path, images, patches):
         return dict(
             path=path, modality="image", requests=images, items=images, patches=patches
