@@ -91,11 +91,19 @@ def test_the_model_fact_is_read_from_the_bound_encoder():
     model behind it), stay per request."""
     from sglang.srt.managers import mm_schedule
     from sglang.srt.multimodal.modality import Modality
+    from sglang.srt.runtime_context import get_mm, get_parallel
 
-    T.publish_cpu_context(tp_size=2, dp_encoder=True)
+    # Attention-TP 2 as a server of that width publishes it, with no group
+    # handle in scope (the gate issues no collective); whatever groups an
+    # earlier module of this process built stay as they are.
+    tp2 = dict(tp_size=2, attn_tp_size=2, moe_tp_size=2, tp_rank=0, attn_tp_rank=0)
+    groups = dict(tp_group=None, attn_tp_group=None, moe_tp_group=None)
+    T.publish_cpu_context(tp_size=1)
     H.fresh_gate_log()
     try:
-        with H.on_platform("ROCm"):
+        with get_parallel().override(**tp2, **groups), get_mm().override(
+            mm_enable_dp_encoder=True
+        ), H.on_platform("ROCm"):
             decided = [
                 mm_schedule._batch_vit_across_requests(encoder, Modality.IMAGE)
                 for encoder in (
@@ -107,7 +115,6 @@ def test_the_model_fact_is_read_from_the_bound_encoder():
             ]
     finally:
         H.fresh_gate_log()
-        T.publish_cpu_context(tp_size=1)
     assert decided == [True, False, False, False]
 
 
