@@ -9,7 +9,7 @@ series tree's own ``MMEncoderMetricsCollector`` (see ``stub_gpu_server.py``).
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=35, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=21, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
 

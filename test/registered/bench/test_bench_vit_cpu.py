@@ -19,7 +19,7 @@ medians it prints. The script runs once; two tests read its table:
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=40, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=15, suite="stage-a-test-cpu")
 
 import re
 import subprocess

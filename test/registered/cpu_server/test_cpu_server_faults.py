@@ -16,7 +16,7 @@ ready are still alive after them.
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=59, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
 import re  # noqa: E402

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=20, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=8, suite="stage-a-test-cpu")
 
 
 HEADS = 4

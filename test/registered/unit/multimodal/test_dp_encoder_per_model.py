@@ -36,7 +36,7 @@ import torch
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=1, suite="stage-a-test-cpu")
 
 from cpu_support.ranks import mm_harness as H  # noqa: E402
 from cpu_support.ranks.gloo import run_on_ranks  # noqa: E402

@@ -23,7 +23,7 @@ the CUDA-graph section says why it did not run on the CPU.
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=30, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=13, suite="stage-a-test-cpu")
 
 import json
 import os

@@ -14,7 +14,7 @@ than requirements/lint.txt pins.
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=29, suite="stage-a-test-cpu")
 
 import shutil
 import subprocess

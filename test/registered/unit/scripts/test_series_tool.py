@@ -13,7 +13,7 @@ apply there: it edits files 0.5.22 lacks); a newer release is simulated by a
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=10, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=16, suite="stage-a-test-cpu")
 
 import json
 import os
