@@ -50,12 +50,10 @@ if [ ! -f "$STAMP" ]; then
     [ -f "$pkg/pyproject.toml" ] &&
       $PIP install $C --no-deps --no-build-isolation --force-reinstall "$pkg" 2>&1 | quiet
   done
-  # Pristine release wheels: the apply tool's tests and rebases read them.
-  mkdir -p .cache/wheels
-  for v in 0.5.22 0.5.23; do
-    ls .cache/wheels/sglang-$v-*.whl >/dev/null 2>&1 ||
-      $PIP download --no-deps -d .cache/wheels sglang==$v 2>&1 | quiet
-  done
+  # Pristine release wheels in .cache/wheels (the apply tool's tests read
+  # both; 0.5.22 as the release it must refuse), fetched by the one function
+  # that fetches them.
+  "$VENV/bin/python" cpu_support/server/sglang_trees.py --wheel 0.5.22 --wheel 0.5.23 >/dev/null
   rm -f "$VENV"/.fork-setup-*
   touch "$STAMP"
 fi
