@@ -3,7 +3,8 @@
 
 SGLang's real Qwen3-VL vision tower (tiny sizes, random weights) on two gloo
 ranks on the CPU, attention-TP 2, ``--mm-enable-dp-encoder``, ROCm simulated
-with ``override_platform(is_hip=True)``. A handful of single-image requests
+(``mm_harness.on_platform("ROCm")``: ``override_platform`` and the gate's
+``mm_schedule._is_hip``). A handful of single-image requests
 go through the real ``mm_schedule._get_chunked_prefill_embedding``:
 
 * per-request: what SGLang 0.5.23 does on ROCm (the gate says per-request
@@ -38,7 +39,7 @@ def _rank(rank, world_size, init_method, requests, image, repeats, batched):
     from cpu_support.ranks import mm_harness as H
     from cpu_support.tiny_models import tiny_qwen3_vl as T
 
-    from sglang.srt.runtime_context import get_mm, override_platform
+    from sglang.srt.runtime_context import get_mm
 
     config = T.tiny_qwen3_vl_config(vision=VISION)
     T.publish_cpu_context(
@@ -51,7 +52,6 @@ def _rank(rank, world_size, init_method, requests, image, repeats, batched):
     model = T.build_tiny_qwen3_vl(config, seed=1)
     grid = (1, image // 16, image // 16)
     reqs = [H.make_request([grid], seed=i, config=config) for i in range(requests)]
-    rocm = dict(is_hip=True, is_cuda=False, is_npu=False, is_xpu=False)
     # Upstream on ROCm: per-request whatever the DP encoder says.
     gate = (
         contextlib.nullcontext()
@@ -59,7 +59,7 @@ def _rank(rank, world_size, init_method, requests, image, repeats, batched):
         else get_mm().override(mm_enable_dp_encoder=False)
     )
     times, calls = [], None
-    with torch.no_grad(), override_platform(**rocm), gate:
+    with torch.no_grad(), H.on_platform("ROCm"), gate:
         for step in range(repeats + 1):  # step 0 warms (compiles); not timed
             H.fresh_embedding_cache()
             with H.TowerCalls().attach(model.visual) as seen:
