@@ -321,38 +321,46 @@ def fmt_calls(calls) -> str:
 
 
 def family_table(family_name: str, results: List[dict]) -> str:
+    from cpu_support.bench.vit_bench_util import markdown_table
+
     note = FAMILIES[family_name].note
-    lines = (
-        [f"### {family_name}", ""]
-        + ([note, ""] if note else [])
-        + [
-            "| model class (tiny) | tower | warm-up | grids (tower calls) "
-            "| compiles in warm-up | compiles after ready (sweep) | per sweep call "
-            "| cache entries after warm-up / sweep | warm-up s (CPU) |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-    )
+    headers = [
+        "model class (tiny)",
+        "tower",
+        "warm-up",
+        "grids (tower calls)",
+        "compiles in warm-up",
+        "compiles after ready (sweep)",
+        "per sweep call",
+        "cache entries after warm-up / sweep",
+        "warm-up s (CPU)",
+    ]
     sweep_text = {None: "- (own DP runner)"}
+    rows = []
     for r in results:
+        model = f"{r['model_class']} ({r['variant']})"
         if r["plan"] is None:
-            lines.append(
-                f"| {r['model_class']} ({r['variant']}) | - | {r['mode']} | no plan "
-                "| - | - | - | - | - |"
-            )
+            rows.append([model, "-", r["mode"], "no plan", "-", "-", "-", "-", "-"])
             continue
         entries = ", ".join(
             f"{k} {r['entries_after_warm_up'][k]}/{r['entries_after_sweep'][k]}"
             for k in r["entries_after_warm_up"]
         )
-        lines.append(
-            f"| {r['model_class']} ({r['variant']}) "
-            f"| {r['plan']['tower']} ({r['plan']['tower_class']}) | {r['mode']} "
-            f"| {fmt_calls(r['calls'])} | {r['warm_compiles']} "
-            f"| {sweep_text.get(r['sweep_compiles'], r['sweep_compiles'])} "
-            f"| {r['per_call'] if r['per_call'] is not None else '-'} | {entries} "
-            f"| {r['warm_s']:.1f} |"
+        rows.append(
+            [
+                model,
+                f"{r['plan']['tower']} ({r['plan']['tower_class']})",
+                r["mode"],
+                fmt_calls(r["calls"]),
+                r["warm_compiles"],
+                sweep_text.get(r["sweep_compiles"], r["sweep_compiles"]),
+                r["per_call"] if r["per_call"] is not None else "-",
+                entries,
+                f"{r['warm_s']:.1f}",
+            ]
         )
-    return "\n".join(lines)
+    title = [f"### {family_name}", ""] + ([note, ""] if note else [])
+    return "\n".join(title + [markdown_table(headers, rows, align="l" * 9)])
 
 
 def main(argv: Optional[List[str]] = None) -> int:
