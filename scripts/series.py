@@ -668,6 +668,19 @@ def cmd_check(args) -> int:
     return 0
 
 
+def _require_applies(target, series, version, stamp, untouched: str) -> None:
+    """Refuse, naming every failing patch on stderr, unless the whole series
+    applies to the upstream files (``stamp``'s backups where one is given)."""
+    failures = check_upstream(target, series, stamp)
+    if failures:
+        for line in _failed_lines(failures):
+            print(line, file=sys.stderr)
+        raise SeriesError(
+            f"{len(failures)} of {len(series.names)} patch(es) do not apply to sglang "
+            f"{version} at {target.root}; {untouched}"
+        )
+
+
 def cmd_apply(args) -> int:
     target, version, stamp, series = _open_target(args)
     if stamp:
@@ -692,27 +705,15 @@ def cmd_apply(args) -> int:
         require_supported(target.root, version, args.force)
         # --replace: prove the new series applies to the upstream files (kept in
         # the old stamp's backups) before anything is reverted.
-        failures = check_upstream(target, series, stamp)
-        if failures:
-            for line in _failed_lines(failures):
-                print(line, file=sys.stderr)
-            raise SeriesError(
-                f"{len(failures)} of {len(series.names)} patch(es) do not apply to sglang {version} "
-                f"at {target.root}; the applied series was left in place"
-            )
+        _require_applies(
+            target, series, version, stamp, "the applied series was left in place"
+        )
         problem = _undo(_stamp_base(target.stamp_dir, stamp), target.stamp_dir, stamp)
         if problem:
             raise SeriesError(f"could not revert the applied series ({problem})")
         print(f"reverted the previously applied series {stamp['series_hash'][:12]}")
     require_supported(target.root, version, args.force)
-    failures = check_upstream(target, series, None)
-    if failures:
-        for line in _failed_lines(failures):
-            print(line, file=sys.stderr)
-        raise SeriesError(
-            f"{len(failures)} of {len(series.names)} patch(es) do not apply to sglang "
-            f"{version} at {target.root}; target left unchanged"
-        )
+    _require_applies(target, series, version, None, "target left unchanged")
     _write(target, series, version)
     print(
         f"applied series {series.hash[:12]}: {len(series.names)} patch(es) "
