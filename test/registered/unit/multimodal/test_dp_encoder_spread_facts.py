@@ -94,31 +94,13 @@ def test_the_seed_helper_answers_the_server_and_the_gate_asks_the_model(facts):
         }, (flag, attn_tp)
 
 
-def test_kimi_k3_is_built_data_parallel_and_spread_under_the_flag(facts):
-    """Built data-parallel always (use_data_parallel = True): with the flag,
-    at attention-TP 2 ROCm batches it and warms it; at attention-TP 1 neither."""
+def test_kimi_k3_is_built_data_parallel_and_spread_only_under_the_flag(facts):
+    """Built data-parallel always (use_data_parallel = True), yet on ROCm the
+    seed's helper requires --mm-enable-dp-encoder: with the flag at
+    attention-TP 2 ROCm batches it and warms it; without the flag, or at
+    attention-TP 1, neither."""
     for (flag, attn_tp), decided in facts["kimi_k3"].items():
-        if flag:
-            spread = attn_tp > 1
-            assert decided == {
-                "use_data_parallel": True,
-                "gate": spread,
-                "warm_up": spread,
-            }, (flag, attn_tp)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="behaviour change of the re-cut series: hip_dp_encoder_batches_vit() "
-    "takes no model and requires --mm-enable-dp-encoder, so on ROCm a Kimi-K3 "
-    "served without the flag (its tower still data-parallel) stays per request "
-    "and is not warmed; the old series batched and warmed it flag or not",
-)
-def test_kimi_k3_spreads_whatever_the_flag(facts):
-    """Built data-parallel always (use_data_parallel = True): at attention-TP 2
-    ROCm batches it and warms it, flag or not."""
-    for (flag, attn_tp), decided in facts["kimi_k3"].items():
-        spread = attn_tp > 1
+        spread = flag and attn_tp > 1
         assert decided == {
             "use_data_parallel": True,
             "gate": spread,
