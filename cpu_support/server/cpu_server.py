@@ -197,6 +197,11 @@ def server_env(
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
     env["PYTHONUNBUFFERED"] = "1"
+    # A stop is a SIGTERM, which SGLang treats as a crash: without these it
+    # sleeps 5 s "to let GPU activity settle" and then runs py-spy on the
+    # schedulers before it exits.
+    env["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] = "0"
+    env["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] = "0"
     if tp_size > 1:
         env["SGLANG_CPU_OMP_THREADS_BIND"] = omp_threads_bind(tp_size)
     if torch_logs:

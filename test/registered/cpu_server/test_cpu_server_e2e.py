@@ -175,3 +175,6 @@ def test_server_stopped_by_pid_without_leftovers(shared_tp2_server):
         if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
     ]
     assert alive == []
+    # The SIGTERM took SGLang's exit path without its GPU crash diagnostics
+    # (a 5 s sleep, then py-spy on the schedulers).
+    assert "before crash diagnostics" not in shared_tp2_server["log"]
