@@ -13,10 +13,11 @@ encoder call, whose two equal images the DP encoder gives one to each rank),
 each burst with new images (``--seed-step 1``). test_cpu_server_e2e.py checks
 the gate, the warm-up, the metrics and the harness on it;
 test_cpu_server_second_family.py the family's warm-up plan and the compiles
-after ready. ``faulty_tp2_server`` is the same server and workload with rank
-1's first vision warm-up call made to raise
-(``cpu_support/server/startup_hooks/fault_injection``): it has to get ready and
-serve with one rank's failure; test_cpu_server_faults.py checks it.
+after ready. ``faulty_tp2_server`` is the same server with rank 1's first
+vision warm-up call made to raise
+(``cpu_support/server/startup_hooks/fault_injection``), and one burst with no
+text request: it has to get ready and serve with one rank's failure;
+test_cpu_server_faults.py checks it.
 """
 
 import os
@@ -44,7 +45,7 @@ def _while_up(srv):
     return {"metrics": metrics, "schedulers": scheduler_titles(srv.pids())}
 
 
-def _serve_tp2(work, fault_rank=None):
+def _serve_tp2(work, fault_rank=None, bursts=BURSTS, text_prompts=1):
     from cpu_support.server.served_burst import serve_and_burst
     from cpu_support.tiny_models.make_tiny_model import make_tiny_model
 
@@ -61,7 +62,7 @@ def _serve_tp2(work, fault_rank=None):
             work,
             [
                 "--bursts",
-                str(BURSTS),
+                str(bursts),
                 "--seed-step",
                 "1",
                 "--num-prompts",
@@ -77,7 +78,7 @@ def _serve_tp2(work, fault_rank=None):
                 "--output-len",
                 "2",
                 "--warmup-text-prompts",
-                "1",
+                str(text_prompts),
             ],
             timeout=1500,
             server_kwargs={"simulate_rocm_gate": True},
@@ -92,7 +93,7 @@ def _serve_tp2(work, fault_rank=None):
         metrics=up["metrics"],
         schedulers=up["schedulers"],
         fault_rank=fault_rank,
-        workload=(BURSTS, PROMPTS, IMAGES, IMAGE_TOKENS),
+        workload=(bursts, PROMPTS, IMAGES, IMAGE_TOKENS),
     )
 
 
@@ -103,4 +104,11 @@ def shared_tp2_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def faulty_tp2_server(tmp_path_factory):
-    yield from _serve_tp2(tmp_path_factory.mktemp("cpu-server-tp2-fault"), FAULT_RANK)
+    # One image burst, no text request: what the fault tests read (each run
+    # of bench_serving costs seconds of imports).
+    yield from _serve_tp2(
+        tmp_path_factory.mktemp("cpu-server-tp2-fault"),
+        FAULT_RANK,
+        bursts=1,
+        text_prompts=0,
+    )
