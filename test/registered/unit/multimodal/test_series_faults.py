@@ -389,7 +389,7 @@ def test_model_without_a_vision_encoder_gets_no_warning(ranks):
 # --- rank consistency: what a rank-local cache hit does ------------------------
 
 # How long a rank waits for its step before the test calls it hung.
-HANG_SECONDS = 20
+HANG_SECONDS = 10
 
 
 def _diverging_caches_worker(rank, world_size, init_method):
