@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One-command CPU environment: .venv with torch, sglang 0.5.23 (--no-deps), the
 # exact-pinned CPU requirements, SGLang's linters (requirements/lint.txt), the CPU
-# stand-ins, and the patch series applied; every install constrained by
-# requirements/constraints.txt (all the venv's packages, transitive ones included).
+# stand-ins, and the patch series applied: requirements/constraints.txt (all the
+# venv's packages, transitive ones included) installed as the lock it is, then
+# every requirements file constrained by it.
 # Safe to re-run: installs are skipped while the requirement files are unchanged,
 # and applying the series twice is a no-op.
 set -euo pipefail
@@ -25,6 +26,7 @@ inputs_hash() {
     | sha256sum | cut -c1-16
 }
 STAMP=$VENV/.fork-setup-$(inputs_hash)
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 # pip's noise: the local-index warnings, and the list of sglang's GPU-only
 # dependencies that --no-deps deliberately leaves out.
@@ -33,37 +35,84 @@ quiet() {
     -e "^ERROR: pip's dependency resolver does not currently take into account" || true
 }
 
+# Every install is constrained by requirements/constraints.txt: each package
+# the venv holds, transitive ones included, at one exact version.
+# --no-compile: pip byte-compiles one file at a time; compileall does it below
+# on every CPU. Compiled here, not on import: where PYTHONDONTWRITEBYTECODE is
+# set, an import never writes its .pyc, and every process compiles again.
+C="-c requirements/constraints.txt --no-compile"
 if [ ! -f "$STAMP" ]; then
   echo "setup: installing pip/setuptools, torch (from local disk), sglang --no-deps and the requirements"
-  # Every install is constrained by requirements/constraints.txt: each package
-  # the venv holds, transitive ones included, at one exact version.
-  C="-c requirements/constraints.txt"
   $PIP install $C -r requirements/build.txt 2>&1 | quiet   # pip, and setuptools for the stand-ins
-  $PIP install $C -r requirements/torch.txt 2>&1 | quiet
+fi
+
+# pip keeps one CPU busy; these run beside it (standard library, git and the
+# venv's pip only), each to its own log, shown when it ends.
+LOGS=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$LOGS"' EXIT
+background() {  # NAME COMMAND...: run COMMAND in the background
+  local name=$1
+  shift
+  ("$@") >"$LOGS/$name.out" 2>"$LOGS/$name.err" &
+  eval "PID_$name=$!"
+}
+finish() {  # NAME: wait for it; its messages; its failure stops the set-up
+  local name=$1 pid
+  eval "pid=\$PID_$name"
+  if ! wait "$pid"; then
+    cat "$LOGS/$name.err" >&2
+    echo "setup: $name failed" >&2
+    exit 1
+  fi
+  cat "$LOGS/$name.err" >&2
+}
+# The pristine release wheels in .cache/wheels (the apply tool's tests read
+# both; 0.5.22 as the release it must refuse), fetched by the one function
+# that fetches them, then the pristine and series trees (the A/B tests, the
+# pristine run); a later series change rebuilds the series tree on first use.
+trees() {
+  "$VENV/bin/python" cpu_support/server/sglang_trees.py --wheel 0.5.22 --wheel 0.5.23 &&
+    "$VENV/bin/python" cpu_support/server/sglang_trees.py
+}
+background trees trees
+# The wheels the bare-GPU archive packs, for this Python (its tests pack one):
+# downloaded here once, not inside a test.
+background archive_wheels "$VENV/bin/python" benchmark/gpu_check/pack_gpu_check.py \
+  --fetch-only --python "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+
+if [ ! -f "$STAMP" ]; then
+  # First the lock itself (constraints.txt, pip and setuptools already in),
+  # --no-deps, so no resolver runs, in two pip processes at once that write
+  # disjoint paths: torch, triton and the CUDA libraries (5 GB), and the rest.
+  grep -v -e '^#' -e '^[[:space:]]*$' requirements/constraints.txt |
+    grep -v -i -e '^pip==' -e '^setuptools==' >"$LOGS/lock.txt"
+  HEAVY='^(torch|torchvision|triton|nvidia-[^=]*|cuda-[^=]*)=='
+  grep -i -E "$HEAVY" "$LOGS/lock.txt" >"$LOGS/lock-heavy.txt"
+  grep -v -i -E "$HEAVY" "$LOGS/lock.txt" >"$LOGS/lock-rest.txt"
+  install_lock() { $PIP install --no-compile --no-deps -r "$1" 2>&1 | quiet >&2; }
+  background lock_heavy install_lock "$LOGS/lock-heavy.txt"
+  background lock_rest install_lock "$LOGS/lock-rest.txt"
+  finish lock_heavy
+  finish lock_rest
+  # Then the requirement files, each constrained, as they always install: with
+  # the lock in place this only resolves, and installs what a file names that
+  # the lock does not pin yet (with its dependencies).
   $PIP install $C --no-deps -r requirements/sglang.txt 2>&1 | quiet
-  $PIP install $C -r requirements/cpu.txt 2>&1 | quiet
-  $PIP install $C -r requirements/server.txt 2>&1 | quiet
-  $PIP install $C -r requirements/lint.txt 2>&1 | quiet   # scripts/lint_series.py
+  $PIP install $C -r requirements/torch.txt -r requirements/cpu.txt \
+    -r requirements/server.txt -r requirements/lint.txt 2>&1 | quiet
   # The stand-ins build with the venv's setuptools (requirements/build.txt),
   # not one that pip's build isolation would fetch.
   for pkg in cpu_support/standins/standin_pkgs/*/; do
     [ -f "$pkg/pyproject.toml" ] &&
       $PIP install $C --no-deps --no-build-isolation --force-reinstall "$pkg" 2>&1 | quiet
   done
-  # Pristine release wheels in .cache/wheels (the apply tool's tests read
-  # both; 0.5.22 as the release it must refuse), fetched by the one function
-  # that fetches them.
-  "$VENV/bin/python" cpu_support/server/sglang_trees.py --wheel 0.5.22 --wheel 0.5.23 >/dev/null
+  # Every module (those that do not compile on this Python, such as torch's
+  # py312_intrinsics.py, are skipped, as pip skips them).
+  "$VENV/bin/python" -m compileall -qq -j 0 "$SITE" >/dev/null || true
   rm -f "$VENV"/.fork-setup-*
   touch "$STAMP"
 fi
 
-# The wheels the bare-GPU archive packs, for this Python (its tests pack one):
-# downloaded here once, not inside a test.
-"$VENV/bin/python" benchmark/gpu_check/pack_gpu_check.py --fetch-only \
-  --python "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-
-SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 # cpu_support on the venv's path, for the pytest plugin that
 # cpu_support/standins/standin_pkgs/cpu_standins registers
 # (cpu_support.standins.prepare): the series' own tests then get the CPU
@@ -74,6 +123,7 @@ echo "$ROOT" > "$SITE/fork_cpu_support.pth"
 # files, reverts the old one and applies the new one. Plain `apply` refuses, as
 # it must on somebody else's tree.
 "$VENV/bin/python" scripts/series.py apply --replace --target "$SITE"
-# The pristine and series trees (the A/B tests, the pristine run), built once
-# here; a later series change rebuilds the series tree on first use.
-"$VENV/bin/python" cpu_support/server/sglang_trees.py >/dev/null
+# The files the series changed, compiled again (the rest are up to date).
+"$VENV/bin/python" -m compileall -qq -j 0 "$SITE/sglang" >/dev/null || true
+finish archive_wheels
+finish trees
