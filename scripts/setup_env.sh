@@ -89,7 +89,7 @@ if [ ! -f "$STAMP" ]; then
   HEAVY='^(torch|torchvision|triton|nvidia-[^=]*|cuda-[^=]*)=='
   grep -i -E "$HEAVY" "$LOGS/lock.txt" >"$LOGS/lock-heavy.txt"
   grep -v -i -E "$HEAVY" "$LOGS/lock.txt" >"$LOGS/lock-rest.txt"
-  install_lock() { $PIP install --no-compile --no-deps -r "$1" 2>&1 | quiet >&2; }
+  install_lock() { $PIP install $C --no-deps -r "$1" 2>&1 | quiet >&2; }
   background lock_heavy install_lock "$LOGS/lock-heavy.txt"
   background lock_rest install_lock "$LOGS/lock-rest.txt"
   finish lock_heavy
