@@ -139,6 +139,7 @@ def test_server_command_and_env(tmp_path):
         "--mm-attention-backend sdpa",
         "--tp-size 2",
         "--port 1234",
+        "--sleep-on-idle",
     ):
         assert flag in " ".join(cmd)
     assert cmd[-1] == "--mm-enable-dp-encoder"
