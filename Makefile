@@ -13,7 +13,7 @@ demo: setup
 	$(PY) demo/demo.py
 
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder
 
 # SGLang's black / isort / ruff on this repository's own Python (the tools, tests, demo).
 lint: setup

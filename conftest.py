@@ -35,10 +35,10 @@ prepare_cpu_process()
 
 
 # ---------------------------------------------------------------------------
-# Two workers (`make test` runs `pytest -n 2 --dist loadgroup`): a test module
+# Three workers (`make test` runs `pytest -n 3 --dist loadgroup`): a test module
 # is one unit of work, so its module-scoped rank pool or server runs once;
 # the modules that share the session's TP2 server are one unit. Units run
-# longest first (their `register_cpu_ci(est_time=...)`), so neither worker is
+# longest first (their `register_cpu_ci(est_time=...)`), so no worker is
 # left with a long one at the end. The order is the same without workers.
 # ---------------------------------------------------------------------------
 
