@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import glob
 import hashlib
+import io
 import json
 import os
 import re
@@ -274,6 +275,24 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
     return manifest
 
 
+class _CappedFile(io.FileIO):
+    """A file that raises PackError once a write takes it past ``limit`` bytes,
+    so an archive over --max-mib stops there instead of being zipped whole."""
+
+    def __init__(self, path: str, limit: float, max_mib: float):
+        super().__init__(path, "wb")
+        self.limit, self.max_mib = limit, max_mib
+
+    def write(self, data) -> int:
+        n = super().write(data)
+        if self.tell() > self.limit:
+            raise PackError(
+                f"the archive passed {self.tell() / 2**20:.1f} MiB before it was "
+                f"complete, over --max-mib {self.max_mib:g}"
+            )
+        return n
+
+
 def write_zip(work: str, out: str, max_mib: float) -> int:
     """Zip ``work`` (a zip application) into ``out`` via a temporary file; return its size."""
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -282,17 +301,14 @@ def write_zip(work: str, out: str, max_mib: float) -> int:
     )
     os.close(fd)
     try:
-        zipapp.create_archive(
-            work,
-            tmp,
-            compressed=True,
-            filter=lambda p: "__pycache__" not in p.parts and p.suffix != ".pyc",
-        )
-        size = os.path.getsize(tmp)
-        if size > max_mib * 2**20:
-            raise PackError(
-                f"the archive would be {size / 2**20:.1f} MiB, over --max-mib {max_mib:g}"
+        with _CappedFile(tmp, max_mib * 2**20, max_mib) as f:
+            zipapp.create_archive(
+                work,
+                f,
+                compressed=True,
+                filter=lambda p: "__pycache__" not in p.parts and p.suffix != ".pyc",
             )
+        size = os.path.getsize(tmp)
         os.chmod(tmp, 0o644)
         os.replace(tmp, out)
         return size
