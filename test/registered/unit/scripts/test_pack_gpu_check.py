@@ -138,6 +138,13 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory):
+    """One Inductor cache for the module's two CPU check runs: the first builds
+    the C++ header and kernels that the check compiles, the second reuses them."""
+    return tmp_path_factory.mktemp("inductor")
+
+
+@pytest.fixture(scope="module")
 def unpacked(archive, workdir):
     """The archive unpacked by the runner's own code, where every ``--workdir`` run finds it."""
     sys.path.insert(0, str(GPU_CHECK))
@@ -165,7 +172,7 @@ def _old_typing_extensions(dest: Path) -> Path:
 
 
 def test_runs_the_check_with_only_the_archive_and_torch(
-    archive, unpacked, torch_only, workdir, tmp_path
+    archive, unpacked, torch_only, workdir, inductor_cache, tmp_path
 ):
     torch_dir = torch_only
     old_te = _old_typing_extensions(tmp_path / "old-te")
@@ -176,6 +183,7 @@ def test_runs_the_check_with_only_the_archive_and_torch(
         "PYTHONPATH": f"{old_te}{os.pathsep}{torch_dir}",
         "OMP_NUM_THREADS": "1",
         "TMPDIR": str(tmp_path),
+        "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache),
     }
     cmd = [
         sys.executable,
@@ -264,7 +272,7 @@ def test_runs_the_check_with_only_the_archive_and_torch(
 
 
 def test_sigterm_between_sections_leaves_the_finished_ones(
-    unpacked, torch_only, tmp_path
+    unpacked, torch_only, inductor_cache, tmp_path
 ):
     """The unpacked archive's runner, stopped by SIGTERM (as ``timeout`` does)
     after the second section: the two finished sections are on disk, the
@@ -277,6 +285,7 @@ def test_sigterm_between_sections_leaves_the_finished_ones(
         "PYTHONPATH": str(torch_only),
         "OMP_NUM_THREADS": "1",
         "TMPDIR": str(tmp_path),
+        "TORCHINDUCTOR_CACHE_DIR": str(inductor_cache),
         "GPU_VIT_CHECK_TEST_PAUSE_AFTER": "caps",
         "MALLOC_MMAP_THRESHOLD_": "131072",
         "MALLOC_TRIM_THRESHOLD_": "131072",
