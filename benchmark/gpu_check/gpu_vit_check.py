@@ -72,7 +72,6 @@ import shlex
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from typing import NamedTuple, Optional
 
@@ -163,9 +162,7 @@ def make_config(vision: dict):
         if key not in ("model_type", "architectures", "transformers_version"):
             setattr(config, key, value)
     config.architectures = ["Qwen3VLForConditionalGeneration"]
-    model_dir = tempfile.mkdtemp(prefix="gpu-vit-check-")
-    config.save_pretrained(model_dir)
-    return config, model_dir
+    return config, U.config_dir(config, "gpu-vit-check")
 
 
 def init_ranks(

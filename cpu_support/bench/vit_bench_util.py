@@ -12,9 +12,10 @@ bench_vit_determinism, bench_vit_cpu, gpu_vit_check).
   attention as SGLang 0.5.23 shipped it (one call over the packed sequences
   under a dense block-diagonal mask), to compare against the series.
 
-The repository's one copy of three small helpers (stdlib only, so the bare-GPU
+The repository's one copy of four small helpers (stdlib only, so the bare-GPU
 archive, which packs this file, has them too): ``free_port``,
-``markdown_table`` and the compile-cache entry counting (``cache_snapshot``,
+``markdown_table``, ``config_dir`` (a tiny model's config folder, one per
+config) and the compile-cache entry counting (``cache_snapshot``,
 ``new_cache_entries``, ``fmt_cache_entries``).
 
 Memory method: ``/proc/self/clear_refs`` ("5") resets the kernel's peak-RSS
@@ -309,6 +310,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def config_dir(config, prefix: str) -> str:
+    """A model folder holding ``config`` (a transformers config) as config.json:
+    ``<prefix>-<uid>-<hash of the config>`` in the temporary folder, written once
+    and shared by every process that builds the same config. Ranks exit without
+    running cleanup, so a new folder per call would pile up there."""
+    import hashlib
+    import shutil
+    import tempfile
+
+    key = hashlib.sha256(config.to_json_string().encode()).hexdigest()[:16]
+    root = tempfile.gettempdir()
+    path = os.path.join(root, f"{prefix}-{os.getuid()}-{key}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        tmp = tempfile.mkdtemp(prefix=f".{prefix}-", dir=root)
+        config.save_pretrained(tmp)
+        try:
+            os.rename(tmp, path)  # atomic: no process reads a half-written one
+        except OSError:  # another process wrote it first (or a stale one is there)
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not os.path.isfile(os.path.join(path, "config.json")):
+                config.save_pretrained(path)
+    return path
 
 
 def markdown_table(

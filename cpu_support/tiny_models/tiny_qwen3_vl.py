@@ -52,15 +52,17 @@ def tiny_qwen3_vl_config(
 
 
 def write_config_dir(config=None, path: Optional[str] = None) -> str:
-    """Save ``config`` as a model directory (``config.json`` only).
+    """Save ``config`` as a model directory (``config.json`` only): at ``path``,
+    else the one folder kept for this config (``vit_bench_util.config_dir``).
 
     ServerArgs resolves the model's HF config from ``model_path``; a local
     directory keeps that offline.
     """
-    import tempfile
+    from cpu_support.bench.vit_bench_util import config_dir
 
     config = config if config is not None else tiny_qwen3_vl_config()
-    path = path or tempfile.mkdtemp(prefix="tiny-qwen3-vl-")
+    if not path:
+        return config_dir(config, "tiny-qwen3-vl")
     config.save_pretrained(path)
     return path
 

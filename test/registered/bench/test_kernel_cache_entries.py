@@ -4,6 +4,8 @@ The burst benchmark, the A/B and the GPU check count what the Triton and
 Inductor cache folders gained after the server (or the check) was ready. These
 tests lay the folders out as Triton and Inductor do and check what counts as
 one entry; test_ab_dry_run.py counts them per burst through a stub server.
+The module's other helpers that the archive packs (``markdown_table``,
+``config_dir``) are tested here too.
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -12,6 +14,7 @@ register_cpu_ci(est_time=5, suite="stage-a-test-cpu")
 
 import os  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -91,3 +94,21 @@ def test_markdown_table_refuses_a_bad_alignment():
     ]
     with pytest.raises(ValueError, match="align takes only"):
         U.markdown_table(["a"], [[1]], align="c")
+
+
+def test_config_dir_is_one_folder_per_config_whoever_asks(tmp_path, monkeypatch):
+    from transformers import PretrainedConfig
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = U.config_dir(PretrainedConfig(depth=2), "tiny-x")
+    # Asked again (another rank, another run): the same folder, nothing new.
+    assert U.config_dir(PretrainedConfig(depth=2), "tiny-x") == first
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(first)]
+    assert PretrainedConfig.from_pretrained(first).depth == 2
+    other = U.config_dir(PretrainedConfig(depth=3), "tiny-x")
+    assert other != first and len(os.listdir(tmp_path)) == 2
+    # A folder left empty (a run killed mid-write elsewhere) is filled, not trusted.
+    os.remove(os.path.join(other, "config.json"))
+    assert U.config_dir(PretrainedConfig(depth=3), "tiny-x") == other
+    assert PretrainedConfig.from_pretrained(other).depth == 3
+    assert len(os.listdir(tmp_path)) == 2
