@@ -93,6 +93,13 @@ if [ ! -f "$STAMP" ]; then
   background lock_heavy install_lock "$LOGS/lock-heavy.txt"
   background lock_rest install_lock "$LOGS/lock-rest.txt"
   finish lock_heavy
+  # torch's own modules compile on the CPU the heavy pip freed while the other
+  # pip still runs; the compileall of the whole site below then skips them.
+  compile_heavy() {
+    "$VENV/bin/python" -m compileall -qq -x '/tests/' "$SITE/torch" "$SITE/torchvision" \
+      >/dev/null || true
+  }
+  background compile_heavy compile_heavy
   finish lock_rest
   # Then the requirement files, each constrained, as they always install: with
   # the lock in place this only resolves, and installs what a file names that
@@ -107,8 +114,11 @@ if [ ! -f "$STAMP" ]; then
       $PIP install $C --no-deps --no-build-isolation --force-reinstall "$pkg" 2>&1 | quiet
   done
   # Every module (those that do not compile on this Python, such as torch's
-  # py312_intrinsics.py, are skipped, as pip skips them).
-  "$VENV/bin/python" -m compileall -qq -j 0 "$SITE" >/dev/null || true
+  # py312_intrinsics.py, are skipped, as pip skips them), except the packages'
+  # own test suites (pandas/tests, sympy/.../tests, ...: 2,719 files nothing
+  # here imports).
+  finish compile_heavy
+  "$VENV/bin/python" -m compileall -qq -j 0 -x '/tests/' "$SITE" >/dev/null || true
   rm -f "$VENV"/.fork-setup-*
   touch "$STAMP"
 fi
