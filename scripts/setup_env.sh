@@ -95,8 +95,11 @@ if [ ! -f "$STAMP" ]; then
   finish lock_heavy
   # torch's own modules compile on the CPU the heavy pip freed while the other
   # pip still runs; the compileall of the whole site below then skips them.
+  # compileall -x searches the whole path: anchored at site-packages, so a
+  # checkout that itself lies under a folder named tests is still compiled.
+  SKIP_TESTS='/site-packages/.+/tests/'
   compile_heavy() {
-    "$VENV/bin/python" -m compileall -qq -x '/tests/' "$SITE/torch" "$SITE/torchvision" \
+    "$VENV/bin/python" -m compileall -qq -x "$SKIP_TESTS" "$SITE/torch" "$SITE/torchvision" \
       >/dev/null || true
   }
   background compile_heavy compile_heavy
@@ -118,7 +121,7 @@ if [ ! -f "$STAMP" ]; then
   # own test suites (pandas/tests, sympy/.../tests, ...: 2,719 files nothing
   # here imports).
   finish compile_heavy
-  "$VENV/bin/python" -m compileall -qq -j 0 -x '/tests/' "$SITE" >/dev/null || true
+  "$VENV/bin/python" -m compileall -qq -j 0 -x "$SKIP_TESTS" "$SITE" >/dev/null || true
   rm -f "$VENV"/.fork-setup-*
   touch "$STAMP"
 fi
