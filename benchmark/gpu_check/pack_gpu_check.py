@@ -276,16 +276,16 @@ def stage(work: str, python: str, wheel_cache: str, sglang_cache: str) -> dict:
 
 
 class _CappedFile(io.FileIO):
-    """A file that raises PackError once a write takes it past ``limit`` bytes,
+    """A file that raises PackError once a write takes it past ``max_mib`` MiB,
     so an archive over --max-mib stops there instead of being zipped whole."""
 
-    def __init__(self, path: str, limit: float, max_mib: float):
+    def __init__(self, path: str, max_mib: float):
         super().__init__(path, "wb")
-        self.limit, self.max_mib = limit, max_mib
+        self.max_mib = max_mib
 
     def write(self, data) -> int:
         n = super().write(data)
-        if self.tell() > self.limit:
+        if self.tell() > self.max_mib * 2**20:
             raise PackError(
                 f"the archive passed {self.tell() / 2**20:.1f} MiB before it was "
                 f"complete, over --max-mib {self.max_mib:g}"
@@ -301,7 +301,7 @@ def write_zip(work: str, out: str, max_mib: float) -> int:
     )
     os.close(fd)
     try:
-        with _CappedFile(tmp, max_mib * 2**20, max_mib) as f:
+        with _CappedFile(tmp, max_mib) as f:
             zipapp.create_archive(
                 work,
                 f,
