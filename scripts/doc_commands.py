@@ -1,0 +1,612 @@
+"""Run every shell command the docs give, as written.
+
+    .venv/bin/python scripts/doc_commands.py [FILE.md ...]
+
+Every command of the docs lives in a fenced ```bash block (an indented or
+unlabelled block that holds a command is a problem), or in an inline code
+span that starts with a program (`make demo`). Each doc's commands run in
+order, each block in its own ``bash``, in a sandbox:
+
+* ``/path/to/this/repo`` is a copy of this repository made of links (the
+  checkout's files, its own empty ``out/``) and the commands start there;
+  ``/tmp/`` is the sandbox's; ``/path/to/sglang`` is a plain SGLang 0.5.23
+  checkout, and ``https://github.com/sgl-project/sglang`` clones one: a git
+  repository of SGLang's layout holding the files the series touches, taken
+  from the 0.5.23 wheel in ``.cache/wheels/``, tagged ``v0.5.23``;
+* ``HOME`` is empty and git has no identity, as in a fresh container;
+* ``git``, ``sed`` and the shell's own commands run for real, and so does
+  ``scripts/series.py`` on a tree under the sandbox's ``/tmp/``;
+* ``python``/``python3``/``.venv/bin/python``, ``torchrun`` and ``make`` are
+  checked, not run (the GPU runs, the benchmarks and ``make test`` take
+  minutes to hours): the script or module exists where the command runs,
+  every option is one its ``--help`` lists, every server flag after ``--``
+  or of ``sglang.launch_server`` is one SGLang 0.5.23 with the series
+  defines, every ``PYTHONPATH`` entry and pytest path exists, a ``-c``
+  program compiles, and a ``make`` target is the Makefile's and ``make -n``
+  accepts it. Substitutions (``$(...)``) are evaluated by bash where the
+  command runs, so what they expand to is what gets checked;
+* any other program is not found, so a doc cannot give a command no test
+  checks.
+
+A block fails when ``bash -n`` rejects it, when it exits non-zero, or when a
+checked program reports a problem. Prints one line per problem (with the
+block's output tail) and exits 1 if there is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import check_docs  # noqa: E402
+
+SERIES_TREE = os.path.join(ROOT, ".cache", "trees", "sglang-0.5.23-series-repo")
+WHEEL = os.path.join(
+    ROOT, ".cache", "wheels", "sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl"
+)
+UPSTREAM_URL = "https://github.com/sgl-project/sglang"
+SHELL_LANGS = {"bash", "sh", "shell", "console"}
+# Programs that run for real in the sandbox (besides bash's builtins).
+REAL_PROGRAMS = (
+    "git sed cat ls mkdir rm cp mv echo env test true false head tail grep "
+    "mktemp dirname basename readlink du wc sort uniq tr xargs tee timeout "
+    "printf sleep id uname nproc"
+).split()
+# Programs that are checked, not run.
+CHECKED = ("python", "python3", "python3.11", "torchrun", "make")
+# GPU tools: accepted as they are (no GPU here to ask).
+GPU_TOOLS = ("nvidia-smi", "rocm-smi", "amd-smi")
+_PROGRAM = r"(?:\.venv/bin/python|python3?(?:\.\d+)?|make|git|bash|torchrun|timeout|pip3?|nvidia-smi|rocm-smi|amd-smi|cd)"
+_COMMAND_SPAN = re.compile(rf"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*{_PROGRAM}\s+\S")
+# In prose, a span is a command when it runs one of this repository's tools or
+# a make target: `git apply` in a sentence names what a tool does.
+_INLINE_COMMAND = re.compile(
+    r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:timeout \S+ )?"
+    r"(?:(?:\.venv/bin/python|python3?|torchrun)\s+(?:-[mc]\s|\S+\.pyz?\b)|make [a-z])"
+)
+_FENCE = re.compile(r"^\s*(```|~~~)\s*([\w+-]*)")
+BASH = shutil.which("bash") or "/bin/bash"
+# A reader runs a block line by line and stops at the first failure.
+PRELUDE = (
+    "set -eo pipefail; trap 'echo \"doc-commands: the block stopped at its line "
+    "$((LINENO - 1)) (exit $?)\" >&2' ERR\n"
+)
+
+
+@dataclass
+class Block:
+    doc: str  # relative path
+    line: int
+    text: str
+    inline: bool = False
+
+
+@dataclass
+class Report:
+    problems: List[str] = field(default_factory=list)
+    blocks: int = 0
+    commands: int = 0  # checked-program invocations recorded by the shims
+
+
+def doc_files() -> List[str]:
+    try:
+        out = subprocess.run(
+            ["git", "-C", ROOT, "ls-files", "*.md"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        files = [os.path.join(ROOT, f) for f in out]
+    except (OSError, subprocess.CalledProcessError):
+        files = check_docs.doc_files(ROOT)
+    return [f for f in files if os.path.isfile(f)]
+
+
+def extract(path: str) -> tuple[List[Block], List[str]]:
+    """The doc's command blocks and inline commands, and layout problems."""
+    rel = os.path.relpath(path, ROOT)
+    blocks: List[Block] = []
+    problems: List[str] = []
+    lines = open(path, encoding="utf-8").read().splitlines()
+    fence: Optional[str] = None
+    lang = ""
+    start = 0
+    body: List[str] = []
+    prev_blank = True
+    indented = None
+    for n, line in enumerate(lines, 1):
+        m = _FENCE.match(line)
+        if fence is None and m:
+            fence, lang, start, body = m.group(1), m.group(2).lower(), n, []
+            if not lang:
+                problems.append(
+                    f"{rel}:{n}: code block without a language (```bash for commands, ```text for output)"
+                )
+            continue
+        if fence is not None:
+            if line.strip().startswith(fence):
+                if lang in SHELL_LANGS:
+                    blocks.append(Block(rel, start, "\n".join(body)))
+                fence = None
+            else:
+                body.append(line)
+            continue
+        if line.startswith("    ") and prev_blank:
+            # An indented code block: checked like a bash block when it
+            # holds a command, and reported, since it should be one.
+            if indented is None:
+                indented = (n, [])
+            indented[1].append(line[4:])
+        elif indented is not None and (line.strip() or True):
+            _close_indented(rel, indented, blocks, problems)
+            indented = None
+        prev_blank = not line.strip() or (prev_blank and line.startswith("    "))
+        for span in check_docs._INLINE.findall(line):
+            if _INLINE_COMMAND.match(span.strip()):
+                blocks.append(Block(rel, n, span.strip(), inline=True))
+    if indented is not None:
+        _close_indented(rel, indented, blocks, problems)
+    return blocks, problems
+
+
+def _close_indented(rel, indented, blocks, problems) -> None:
+    start, body = indented
+    while body and not body[-1].strip():
+        body.pop()
+    if body and _COMMAND_SPAN.match(body[0].strip()):
+        problems.append(f"{rel}:{start}: an indented command: put it in a ```bash block")
+        blocks.append(Block(rel, start, "\n".join(body)))
+
+
+# ------------------------------------------------------------------ sandbox
+
+
+def _touched_files() -> List[str]:
+    """Repository paths of the upstream files the series modifies."""
+    created, touched = set(), set()
+    for name in _series_names():
+        path = None
+        for line in open(os.path.join(ROOT, "patches", name), encoding="utf-8"):
+            m = re.match(r"^diff --git a/(\S+) b/(\S+)$", line)
+            if m:
+                path = m.group(2)
+                touched.add(path)
+            elif path and line.startswith("new file mode"):
+                created.add(path)
+    return sorted(touched - created)
+
+
+def _series_names() -> List[str]:
+    with open(os.path.join(ROOT, "patches", "series"), encoding="utf-8") as fh:
+        return [x.strip() for x in fh if x.strip() and not x.strip().startswith("#")]
+
+
+GIT_ID = ["-c", "user.name=doc-commands", "-c", "user.email=doc-commands@example.invalid"]
+
+
+def make_upstream(dest: str) -> str:
+    """A git repository of SGLang's layout at 0.5.23: the files the series
+    touches (and version.py) from the wheel, an empty test/, tag v0.5.23."""
+    os.makedirs(os.path.join(dest, "test"))
+    with open(os.path.join(dest, "test", ".gitkeep"), "w"):
+        pass
+    wanted = {p.removeprefix("python/") for p in _touched_files()}
+    wanted |= {"sglang/version.py", "sglang/__init__.py"}
+    with zipfile.ZipFile(WHEEL) as whl:
+        for name in wanted & set(whl.namelist()):
+            whl.extract(name, os.path.join(dest, "python"))
+    env = _git_env(None)
+    for cmd in (
+        ["init", "-q", "-b", "main"],
+        ["add", "-A"],
+        ["commit", "-q", "-m", "SGLang 0.5.23 (the files the series touches)"],
+        ["tag", "v0.5.23"],
+    ):
+        subprocess.run(["git", *GIT_ID, *cmd], cwd=dest, env=env, check=True)
+    return dest
+
+
+def _git_env(sandbox: Optional[str]) -> Dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "HOME": sandbox or tempfile.gettempdir(),
+        "LANG": "C.UTF-8",
+    }
+    if sandbox is None:
+        env["GIT_CONFIG_GLOBAL"] = os.devnull
+    return env
+
+
+SHIM = '''#!{python}
+import sys
+sys.path.insert(0, {scripts!r})
+import doc_commands
+sys.exit(doc_commands.shim({role!r}, sys.argv[1:]))
+'''
+
+
+class Sandbox:
+    """One doc's world: a linked copy of the repository, /tmp, an SGLang
+    checkout, no git identity, and the checked programs on PATH."""
+
+    def __init__(self, base: str, upstream: str):
+        self.base = base
+        self.upstream = upstream
+        self.repo = os.path.join(base, "repo")
+        self.bin = os.path.join(base, "bin")
+        self.log = os.path.join(base, "shim.log")
+        self.docs = 0
+        for d in (self.repo, self.bin):
+            os.makedirs(d)
+        for name in os.listdir(ROOT):
+            if name in (".git", ".venv", "out"):
+                continue
+            os.symlink(os.path.join(ROOT, name), os.path.join(self.repo, name))
+        os.makedirs(os.path.join(self.repo, "out"))
+        os.makedirs(os.path.join(self.repo, ".venv", "bin"))
+        self._shim(os.path.join(self.repo, ".venv", "bin", "python"), "python")
+        for prog in CHECKED:
+            self._shim(os.path.join(self.bin, prog), prog)
+        for prog in GPU_TOOLS:
+            self._shim(os.path.join(self.bin, prog), "gpu-tool")
+        for prog in REAL_PROGRAMS:
+            real = shutil.which(prog)
+            if real:
+                os.symlink(real, os.path.join(self.bin, prog))
+        gitconfig = os.path.join(base, "gitconfig")
+        with open(gitconfig, "w") as fh:
+            fh.write(f'[url "{upstream}"]\n\tinsteadOf = {UPSTREAM_URL}\n')
+        self.gitconfig = gitconfig
+
+    def new_doc(self, text: str) -> None:
+        """A fresh /tmp, HOME and SGLang checkout for the next doc."""
+        self.docs += 1
+        doc = os.path.join(self.base, f"doc{self.docs}")
+        self.tmp = os.path.join(doc, "tmp")
+        self.home = os.path.join(doc, "home")
+        self.sglang = os.path.join(doc, "sglang")
+        os.makedirs(self.tmp)
+        os.makedirs(self.home)
+        if "/path/to/sglang" in text:
+            subprocess.run(
+                ["git", "clone", "-q", self.upstream, self.sglang],
+                env=self.env(),
+                check=True,
+                capture_output=True,
+            )
+
+    def _shim(self, path: str, role: str) -> None:
+        with open(path, "w") as fh:
+            fh.write(
+                SHIM.format(
+                    python=sys.executable,
+                    scripts=os.path.join(ROOT, "scripts"),
+                    role=role,
+                )
+            )
+        os.chmod(path, 0o755)
+
+    def env(self) -> Dict[str, str]:
+        return {
+            "PATH": self.bin,
+            "HOME": getattr(self, "home", self.base),
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": self.gitconfig,
+            "LANG": "C.UTF-8",
+            "DOC_SANDBOX": self.base,
+            "DOC_REPO": self.repo,
+            "DOC_SHIM_LOG": self.log,
+            "DOC_REAL_PYTHON": sys.executable,
+            "DOC_WORK": self.base,
+        }
+
+    def localise(self, text: str) -> str:
+        text = re.sub(r"(?<![\w./-])/tmp/", self.tmp + "/", text)
+        text = text.replace("/path/to/this/repo", self.repo)
+        return text.replace("/path/to/sglang", self.sglang)
+
+
+def run_block(box: Sandbox, block: Block, timeout: int = 120) -> List[str]:
+    where = f"{block.doc}:{block.line}"
+    script = box.localise(block.text)
+    syntax = subprocess.run(
+        [BASH, "-n", "-c", script], capture_output=True, text=True
+    )
+    if syntax.returncode:
+        return [f"{where}: bash -n: {syntax.stderr.strip()}"]
+    open(box.log, "w").close()
+    try:
+        proc = subprocess.run(
+            [BASH, "-c", PRELUDE + script],
+            cwd=box.repo,
+            env=box.env(),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        rc, out = proc.returncode, (proc.stdout + proc.stderr)
+    except subprocess.TimeoutExpired as exc:
+        rc, out = "timeout", f"ran past {timeout} s: {exc}"
+    problems = []
+    with open(box.log) as fh:
+        for line in fh:
+            rec = json.loads(line)
+            for p in rec["problems"]:
+                problems.append(f"{where}: {rec['argv'][0]}: {p}")
+    if rc != 0:
+        tail = "\n    ".join(out.strip().replace(box.base, "$SANDBOX").splitlines()[-24:])
+        problems.append(f"{where}: exit status {rc}; the block:\n    "
+                        + "\n    ".join(block.text.splitlines())
+                        + f"\n  its output's tail:\n    {tail}")
+    return problems
+
+
+def check(files: Optional[List[str]] = None, work: Optional[str] = None) -> Report:
+    report = Report()
+    files = files or doc_files()
+    own = work is None
+    work = work or tempfile.mkdtemp(prefix="doc-commands-")
+    try:
+        upstream = make_upstream(os.path.join(work, "upstream"))
+        box = Sandbox(os.path.join(work, "sandbox"), upstream)
+        for path in files:
+            blocks, problems = extract(path)
+            report.problems += problems
+            if not blocks:
+                continue
+            box.new_doc("\n".join(b.text for b in blocks))
+            for block in blocks:
+                report.blocks += 1
+                report.problems += run_block(box, block)
+                with open(box.log) as fh:
+                    report.commands += sum(1 for _ in fh)
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+# -------------------------------------------------------------------- shims
+
+
+def _cached(name: str, compute):
+    """A value computed once per check run (in the work folder), not per shim."""
+    path = os.path.join(os.environ.get("DOC_WORK", tempfile.gettempdir()), name + ".json")
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        value = compute()
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as fh:
+            json.dump(value, fh)
+        os.replace(tmp, path)
+        return value
+
+
+def _server_flags() -> set:
+    return set(_cached("server_flags", lambda: sorted(_server_flags_now())))
+
+
+def _server_flags_now() -> set:
+    """Every flag SGLang's ServerArgs defines in the patched tree."""
+    srt = os.path.join(SERIES_TREE, "python", "sglang", "srt")
+    flags = set()
+    texts = [os.path.join(srt, "server_args.py")]
+    for d, _, files in os.walk(os.path.join(srt, "arg_groups")):
+        texts += [os.path.join(d, f) for f in files if f.endswith(".py")]
+    for t in texts:
+        text = open(t, encoding="utf-8").read()
+        flags.update(re.findall(r"[\"'](--[a-z0-9][a-z0-9-]*)[\"']", text))
+        if os.sep + "fields" + os.sep in t:
+            flags.update(
+                "--" + f.replace("_", "-") for f in re.findall(r"^\s+(\w+)\s*:", text, re.M)
+            )
+    return flags
+
+
+def _help_options(real_python: str, script: str, args: List[str], cwd: str) -> Optional[set]:
+    """The options SCRIPT's --help lists (and its subcommand's, if any)."""
+    key = re.sub(r"\W", "_", os.path.realpath(os.path.join(cwd, script)))
+    if args and not args[0].startswith("-"):
+        key += "__" + re.sub(r"\W", "_", args[0])
+    found = _cached("help_" + key, lambda: _help_now(real_python, script, args, cwd))
+    return None if found is None else set(found)
+
+
+def _help_now(real_python: str, script: str, args: List[str], cwd: str):
+    opts = set()
+    runs = [[script, "--help"]]
+    if args and not args[0].startswith("-"):
+        runs.append([script, args[0], "--help"])
+    ok = False
+    for argv in runs:
+        proc = subprocess.run(
+            [real_python, *argv],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PATH": "/usr/bin:/bin"},
+        )
+        if proc.returncode == 0:
+            ok = True
+            opts.update(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", proc.stdout))
+    return sorted(opts) if ok else None
+
+
+def _pythonpath_problems(env) -> List[str]:
+    out = []
+    for entry in filter(None, env.get("PYTHONPATH", "").split(":")):
+        if not os.path.isdir(entry):
+            out.append(f"PYTHONPATH entry {entry} does not exist")
+    return out
+
+
+def _flag_problems(flags: List[str], known: set, what: str) -> List[str]:
+    out = []
+    for a in flags:
+        if a.startswith("--") and len(a) > 2:
+            name = a.split("=", 1)[0]
+            if name not in known:
+                out.append(f"{what} {name} is not defined")
+    return out
+
+
+def _check_script(script: str, args: List[str], cwd: str, env) -> List[str]:
+    real_python = env["DOC_REAL_PYTHON"]
+    if not os.path.isfile(os.path.join(cwd, script)):
+        return [f"no script {script} in {cwd}"]
+    own, server = args, []
+    if "--" in args:
+        i = args.index("--")
+        own, server = args[:i], args[i + 1 :]
+    problems = []
+    opts = _help_options(real_python, script, own, cwd)
+    if opts is None:
+        problems.append(f"{script} --help failed")
+    else:
+        problems += _flag_problems(own, opts, f"{script}: option")
+    if server:
+        problems += _flag_problems(server, _server_flags(), "server flag")
+    return problems
+
+
+def _check_module(mod: str, args: List[str], cwd: str, env) -> List[str]:
+    if mod == "pytest":
+        out = []
+        for a in args:
+            if a.startswith("-") or "=" in a:
+                continue
+            path = a.split("::")[0]
+            if "/" in path or path.endswith(".py"):
+                if not os.path.exists(os.path.join(cwd, path)):
+                    out.append(f"pytest path {path} does not exist")
+        if not any(not a.startswith("-") for a in args) and "-q" in args and False:
+            out.append("pytest got no path")
+        return out
+    if mod in ("zipfile", "venv", "pip", "compileall"):
+        return []
+    if mod.startswith("sglang."):
+        roots = [p for p in env.get("PYTHONPATH", "").split(":") if p] + [
+            os.path.join(SERIES_TREE, "python")
+        ]
+        rel = mod.replace(".", "/")
+        if not any(
+            os.path.isfile(os.path.join(r, rel + ".py"))
+            or os.path.isfile(os.path.join(r, rel, "__main__.py"))
+            for r in roots
+        ):
+            return [f"no module {mod}"]
+        if mod == "sglang.launch_server":
+            return _flag_problems(args, _server_flags(), "server flag")
+        return []
+    return [f"no check for python -m {mod}"]
+
+
+def _python(args: List[str], cwd: str, env) -> List[str]:
+    problems = _pythonpath_problems(env)
+    while args and args[0] in ("-u", "-S", "-s", "-B", "-E", "-I"):
+        args = args[1:]
+    while args and args[0] == "-X":
+        args = args[2:]
+    if not args:
+        return problems + ["an interactive python: no command"]
+    if args[0] in ("--version", "-V"):
+        return problems
+    if args[0] == "-c":
+        try:
+            compile(args[1], "<-c>", "exec")
+        except (SyntaxError, IndexError) as exc:
+            problems.append(f"-c program does not compile: {exc}")
+        return problems
+    if args[0] == "-m":
+        return problems + _check_module(args[1], args[2:], cwd, env)
+    return problems + _check_script(args[0], args[1:], cwd, env)
+
+
+def _runs_for_real(args: List[str], cwd: str, env) -> bool:
+    """scripts/series.py on a tree inside the sandbox's /tmp runs for real."""
+    if not args or os.path.normpath(args[0]) != "scripts/series.py":
+        return False
+    tmp = os.path.join(env["DOC_SANDBOX"], "tmp") + os.sep
+    targets = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--target"]
+    return bool(targets) and all(os.path.abspath(t).startswith(tmp) for t in targets)
+
+
+def _make(args: List[str], cwd: str, env) -> List[str]:
+    if os.path.realpath(cwd) != os.path.realpath(env["DOC_REPO"]):
+        return [f"make runs in {cwd}, not the repository root"]
+    targets = [a for a in args if not a.startswith("-")]
+    makefile = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
+    defined = set(re.findall(r"^([\w-]+):", makefile, re.M))
+    out = [f"make target {t} is not in the Makefile" for t in targets if t not in defined]
+    if not out:
+        proc = subprocess.run(
+            ["/usr/bin/make", "-n", "-C", ROOT, *targets], capture_output=True, text=True
+        )
+        if proc.returncode:
+            out.append(f"make -n {' '.join(targets)} failed: {proc.stderr.strip()}")
+    return out
+
+
+def shim(role: str, args: List[str]) -> int:
+    env, cwd = os.environ, os.getcwd()
+    problems: List[str] = []
+    real = False
+    if role.startswith("python") and _runs_for_real(args, cwd, env):
+        real = True
+    elif role in ("python", "python3", "python3.11"):
+        problems = _python(args, cwd, env)
+    elif role == "torchrun":
+        rest = list(args)
+        while rest and rest[0].startswith("--"):
+            rest = rest[1:] if "=" in rest[0] else rest[2:]
+        problems = _pythonpath_problems(env) + (
+            _check_script(rest[0], rest[1:], cwd, env) if rest else ["no script"]
+        )
+    elif role == "make":
+        problems = _make(args, cwd, env)
+    with open(env["DOC_SHIM_LOG"], "a") as fh:
+        fh.write(json.dumps({"argv": [role, *args], "cwd": cwd, "problems": problems}) + "\n")
+    if real:
+        proc = subprocess.run(
+            [env["DOC_REAL_PYTHON"], *args],
+            env={**env, "PATH": env["PATH"] + ":/usr/bin:/bin"},
+        )
+        return proc.returncode
+    for p in problems:
+        print(f"doc-commands: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="*", help="markdown files (default: every tracked *.md)")
+    a = p.parse_args(argv)
+    report = check([os.path.abspath(f) for f in a.files] or None)
+    for line in report.problems:
+        print(line)
+    print(
+        f"doc_commands: {report.blocks} block(s), {report.commands} checked command(s), "
+        f"{len(report.problems)} problem(s)",
+        file=sys.stderr,
+    )
+    return 1 if report.problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
