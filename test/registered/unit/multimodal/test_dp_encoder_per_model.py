@@ -322,6 +322,9 @@ def test_rocm_dp_model_takes_both_requests_in_one_call(ranks, model):
     ],
     ids=["glm-image", "qwen3-omni-image", "qwen3-omni-audio"],
 )
+@pytest.mark.control(
+    reason="upstream behaviour the series keeps: ROCm per request for these towers"
+)
 def test_rocm_not_spread_stays_one_call_per_request(ranks, case, model, logged):
     """GLM-Image's and the Qwen3-Omni thinker's images, and the thinker's
     audio: one encoder call per request on ROCm, although the real class says

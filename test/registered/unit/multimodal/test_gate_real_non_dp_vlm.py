@@ -170,6 +170,9 @@ def _gate_lines(lines):
     return [line for line in lines if "cross-request ViT batching" in line[1]]
 
 
+@pytest.mark.control(
+    reason="upstream behaviour the series keeps: ROCm encodes Gemma3 per request"
+)
 def test_rocm_gemma3_two_requests_take_two_encoder_calls(ranks):
     for r in ranks:
         assert r["gemma_rocm"]["calls"] == [1, 1]

@@ -223,6 +223,9 @@ def test_known_rows(installed):
     ] == ["—", "—", "per-request"]
 
 
+@pytest.mark.control(
+    reason="the table tool's check, which reads any tree: a missing class fails it"
+)
 def test_new_vlm_class_fails_the_check(runs):
     proc, out = runs["probe"]
     assert proc.returncode == 1, proc.stdout + proc.stderr[-4000:]
