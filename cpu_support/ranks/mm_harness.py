@@ -591,7 +591,7 @@ def decision_tables(rank, world_size, init_method):
     Returns ``{"gate": {row: (decisions, helper, INFO lines, model class)},
     "warm_up": {row + (encoder_only,): warm}, "warm_up_guards": {name: warm}}``
     for every row of ``decision_rows()`` (platform, flag, attention-TP,
-    encoder kind); ``helper`` is ``mm_utils.hip_dp_encoder_batches_vit()``.
+    encoder kind); ``helper`` is ``mm_schedule.hip_dp_encoder_batches_vit()``.
     """
     from cpu_support.tiny_models import tiny_qwen3_vl as T
 
@@ -624,7 +624,7 @@ def decision_tables(rank, world_size, init_method):
             }
             tables["gate"][row] = (
                 gates,
-                mm_utils.hip_dp_encoder_batches_vit(),
+                mm_schedule.hip_dp_encoder_batches_vit(),
                 records[first:],
                 type(model).__name__,
             )

@@ -8,30 +8,22 @@ process (HTTP server, tokenizer manager, every scheduler rank). The next
 ``sitecustomize`` on ``sys.path`` is loaded afterwards, so hooks combine.
 
 On a CPU, SGLang batches ViT cache misses across requests like CUDA does. To
-show the ROCm decision on the CPU server, this hook patches sglang's modules
-right after they are imported (``cpu_support/server/startup_hooks/post_import.py``):
+show the ROCm decision on the CPU server, this hook sets the module global
+``_is_hip`` of ``mm_schedule`` to True right after the module is imported
+(``cpu_support/server/startup_hooks/post_import.py``). Pristine's inline
+``if _is_hip or _is_npu or _is_xpu:`` then takes the per-request path; the
+series decides the platform from the same flag in one place (the gate, its
+ROCm helper and the warm-up decision). On the series build the warm-up
+decision ``mm_utils.vision_warm_up_needed`` (which each model's post-load
+hook asks on every rank) is wrapped to write its answer to stderr once per
+distinct answer (``vision_warm_up_needed -> True``), so a server log shows
+that the warm-up decided as on ROCm.
 
-* both builds: the module global ``_is_hip`` of ``mm_schedule`` is set to
-  True. Pristine's inline ``if _is_hip or _is_npu or _is_xpu:`` then takes
-  the per-request path; the series' gate ``_batch_vit_across_requests``
-  reads the same flag;
-* series build (``mm_utils.hip_dp_encoder_batches_vit`` exists): that
-  helper (in ``mm_utils`` and where ``mm_schedule`` imported it) and the
-  warm-up's ``mm_utils.vision_warm_up_needed`` (which each model's post-load
-  hook asks on every rank) are evaluated under
-  ``override_platform(is_hip=True)``. The warm-up decision's result is
-  written to stderr once per distinct answer (``vision_warm_up_needed ->
-  True``), so a server log shows that the warm-up decided as on ROCm; the
-  warm-up's tower calls themselves run outside the override.
-
-Nothing else sees ROCm: a process-wide override would send other code down
-ROCm-only kernels. The override in the series case is scoped to the helper's
-and the warm-up decision's own calls. The wrappers pass every positional and keyword argument through,
-so a gate that takes arguments (e.g. the encoder function) keeps them.
+Nothing else sees ROCm: the runtime context's platform stays the CPU's, so
+no other code goes down ROCm-only kernels.
 
 Images per rank are not logged here: the burst harness reads them from the
-series' metrics on ``/metrics`` (one series per scheduler, by its
-``tp_rank`` label).
+series' metrics on ``/metrics``.
 """
 
 import os
@@ -59,36 +51,29 @@ def _log(msg):
     sys.stderr.write(f"[{_TAG}] pid {os.getpid()}: {msg}\n")
 
 
-def _under_hip(fn, report=False):
+def _reporting(fn):
     said = set()
 
-    def gate(*args, **kwargs):
-        from sglang.srt.runtime_context import override_platform
-
-        with override_platform(is_hip=True):
-            result = fn(*args, **kwargs)
-        if report and repr(result) not in said:
+    def decision(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        if repr(result) not in said:
             said.add(repr(result))
-            _log(f"{getattr(fn, '__name__', 'gate')} -> {result!r}")
+            _log(f"{fn.__name__} -> {result!r}")
         return result
 
-    gate.__name__ = getattr(fn, "__name__", "gate")
-    gate.__wrapped__ = fn
-    gate.__fork_rocm_sim__ = True
-    return gate
+    decision.__name__ = fn.__name__
+    decision.__wrapped__ = fn
+    decision.__fork_rocm_sim__ = True
+    return decision
 
 
 def _patch_mm_utils(mod):
     if os.environ.get(_ENV) != "1":
         return
-    for name, report in (
-        ("hip_dp_encoder_batches_vit", False),
-        ("vision_warm_up_needed", True),
-    ):
-        fn = getattr(mod, name, None)
-        if fn is not None and not getattr(fn, "__fork_rocm_sim__", False):
-            setattr(mod, name, _under_hip(fn, report=report))
-            _log(f"mm_utils.{name} evaluates under override_platform(is_hip=True)")
+    fn = getattr(mod, "vision_warm_up_needed", None)
+    if fn is not None and not getattr(fn, "__fork_rocm_sim__", False):
+        mod.vision_warm_up_needed = _reporting(fn)
+        _log("mm_utils.vision_warm_up_needed reports its answer")
 
 
 def _patch_mm_schedule(mod):
@@ -98,16 +83,8 @@ def _patch_mm_schedule(mod):
         _log("mm_schedule has no _is_hip; nothing patched")
         return
     mod._is_hip = True
-    fn = getattr(mod, "hip_dp_encoder_batches_vit", None)
-    if fn is None:
-        _log("pristine build: mm_schedule._is_hip = True (per-request ViT path)")
-        return
-    if not getattr(fn, "__fork_rocm_sim__", False):
-        mod.hip_dp_encoder_batches_vit = _under_hip(fn)
-    _log(
-        "series build: mm_schedule._is_hip = True and its "
-        "hip_dp_encoder_batches_vit evaluates under override_platform(is_hip=True)"
-    )
+    build = "series" if hasattr(mod, "hip_dp_encoder_batches_vit") else "pristine"
+    _log(f"{build} build: mm_schedule._is_hip = True")
 
 
 _PATCHERS = {

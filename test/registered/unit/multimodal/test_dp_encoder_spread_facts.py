@@ -1,7 +1,7 @@
 """Who the DP encoder spreads: the seed's helper, and the models that decide
 it themselves.
 
-* ``mm_utils.hip_dp_encoder_batches_vit()`` answers the seed's question:
+* ``mm_schedule.hip_dp_encoder_batches_vit()`` answers the seed's question:
   ROCm, ``--mm-enable-dp-encoder`` and attention-TP > 1. The gate then asks
   the model behind the encoder (``dp_encoder_spreads_images``).
 * Kimi-K3 builds its tower data-parallel whatever the flag: the gate and the
@@ -58,7 +58,7 @@ def _worker(rank, world_size, init_method):
             with H.on_platform("ROCm"):
                 H.fresh_gate_log()
                 out["helper"][flag, attn_tp] = {
-                    "helper": mm_utils.hip_dp_encoder_batches_vit(),
+                    "helper": mm_schedule.hip_dp_encoder_batches_vit(),
                     "data-parallel": mm_schedule._batch_vit_across_requests(
                         H.DecisionModel(flag).get_image_feature, Modality.IMAGE
                     ),
