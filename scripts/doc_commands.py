@@ -65,7 +65,7 @@ REAL_PROGRAMS = (
     "printf sleep id uname nproc"
 ).split()
 # Programs that are checked, not run.
-CHECKED = ("python", "python3", "python3.11", "torchrun", "make")
+CHECKED = ("python", "python3", "python3.11", "torchrun", "make", "bash")
 # GPU tools: accepted as they are (no GPU here to ask).
 GPU_TOOLS = ("nvidia-smi", "rocm-smi", "amd-smi")
 _PROGRAM = r"(?:\.venv/bin/python|python3?(?:\.\d+)?|make|git|bash|torchrun|timeout|pip3?|nvidia-smi|rocm-smi|amd-smi|cd)"
@@ -77,7 +77,7 @@ _INLINE_COMMAND = re.compile(
     r"(?:(?:\.venv/bin/python|python3?|torchrun)\s+(?:-[mc]\s|\S+\.pyz?\b)|make [a-z])"
 )
 _FENCE = re.compile(r"^\s*(```|~~~)\s*([\w+-]*)")
-BASH = shutil.which("bash") or "/bin/bash"
+BASH = shutil.which("bash", path="/usr/bin:/bin") or "/bin/bash"
 # A reader runs a block line by line and stops at the first failure.
 PRELUDE = (
     "set -eo pipefail; trap 'echo \"doc-commands: the block stopped at its line "
@@ -368,7 +368,12 @@ def check(files: Optional[List[str]] = None, work: Optional[str] = None) -> Repo
             report.problems += problems
             if not blocks:
                 continue
-            box.new_doc("\n".join(b.text for b in blocks))
+            text = "\n".join(b.text for b in blocks)
+            box.new_doc(text)
+            if "/tmp/sglang-" in text and "git clone" not in text:
+                # The trees of the benchmark README's recipe, made as it makes them.
+                for block in _tree_recipe():
+                    report.problems += run_block(box, block)
             for block in blocks:
                 report.blocks += 1
                 report.problems += run_block(box, block)
@@ -378,6 +383,11 @@ def check(files: Optional[List[str]] = None, work: Optional[str] = None) -> Repo
         if own:
             shutil.rmtree(work, ignore_errors=True)
     return report
+
+
+def _tree_recipe() -> List[Block]:
+    blocks, _ = extract(os.path.join(ROOT, "benchmark", "image_burst", "README.md"))
+    return [b for b in blocks if "git clone" in b.text and "/tmp/sglang-series" in b.text]
 
 
 # -------------------------------------------------------------------- shims
@@ -468,6 +478,8 @@ def _flag_problems(flags: List[str], known: set, what: str) -> List[str]:
 
 def _check_script(script: str, args: List[str], cwd: str, env) -> List[str]:
     real_python = env["DOC_REAL_PYTHON"]
+    if script.startswith("out/") and _named_by_code(os.path.basename(script)):
+        return []  # an archive a checked (not run) command of the doc builds
     if not os.path.isfile(os.path.join(cwd, script)):
         return [f"no script {script} in {cwd}"]
     own, server = args, []
@@ -476,13 +488,27 @@ def _check_script(script: str, args: List[str], cwd: str, env) -> List[str]:
         own, server = args[:i], args[i + 1 :]
     problems = []
     opts = _help_options(real_python, script, own, cwd)
-    if opts is None:
-        problems.append(f"{script} --help failed")
+    if opts is None and any(a.startswith("-") for a in own):
+        problems.append(f"{script} --help failed, so its options cannot be checked")
+    elif opts is None:
+        try:  # positional arguments only: the script must at least compile
+            compile(open(os.path.join(cwd, script), encoding="utf-8").read(), script, "exec")
+        except SyntaxError as exc:
+            problems.append(f"{script} does not compile: {exc}")
     else:
         problems += _flag_problems(own, opts, f"{script}: option")
     if server:
         problems += _flag_problems(server, _server_flags(), "server flag")
     return problems
+
+
+def _named_by_code(name: str) -> bool:
+    for d in ("benchmark", "scripts", "demo", "cpu_support"):
+        for base, _, files in os.walk(os.path.join(ROOT, d)):
+            for f in files:
+                if f.endswith(".py") and name in open(os.path.join(base, f), encoding="utf-8").read():
+                    return True
+    return False
 
 
 def _check_module(mod: str, args: List[str], cwd: str, env) -> List[str]:
@@ -542,6 +568,8 @@ def _runs_for_real(args: List[str], cwd: str, env) -> bool:
     """scripts/series.py on a tree inside the sandbox's /tmp runs for real."""
     if not args or os.path.normpath(args[0]) != "scripts/series.py":
         return False
+    if len(args) < 2 or args[1] not in ("check", "status", "apply", "revert"):
+        return False  # import/export/rebase work on a whole release tree: checked
     tmp = os.path.join(env["DOC_SANDBOX"], "tmp") + os.sep
     targets = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--target"]
     return bool(targets) and all(os.path.abspath(t).startswith(tmp) for t in targets)
@@ -580,6 +608,12 @@ def shim(role: str, args: List[str]) -> int:
         )
     elif role == "make":
         problems = _make(args, cwd, env)
+    elif role == "bash":
+        # A script of this repository: it exists and bash parses it.
+        if not args or not os.path.isfile(os.path.join(cwd, args[0])):
+            problems = [f"no script {args[0] if args else ''} in {cwd}"]
+        elif subprocess.run([BASH, "-n", os.path.join(cwd, args[0])]).returncode:
+            problems = [f"bash -n rejects {args[0]}"]
     with open(env["DOC_SHIM_LOG"], "a") as fh:
         fh.write(json.dumps({"argv": [role, *args], "cwd": cwd, "problems": problems}) + "\n")
     if real:
