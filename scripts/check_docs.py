@@ -70,7 +70,6 @@ EXTERNAL_NAMES = {
     "cudagraph_mm_encoder": "vLLM",
     "encoder_cudagraph_token_budgets": "vLLM",
     "_use_per_request_encode_fallback": "SGLang PR #33751 (open)",
-    "--mm-max-encoder-input-tokens-per-batch": "SGLang PR #38368 (open)",
     "--vit-cuda-graph-token-budgets": "SGLang draft PR #25986 (closed)",
     ".pre-commit-config.yaml": "SGLang's repository root (not in the wheel)",
     ".isort.cfg": "SGLang's repository root (not in the wheel)",

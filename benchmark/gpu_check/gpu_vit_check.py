@@ -11,7 +11,7 @@ mixed sizes through SGLang's real prefill-step function
    (``mm_schedule._batch_vit_across_requests``) pinned off (one encoder call
    per request, upstream's per-request path) or on (one cross-request call);
    first call (unseen shapes) vs warmed calls (median of --repeats);
-2. peak memory of the batched step vs ``--mm-max-encoder-patches-per-rank``
+2. peak memory of the batched step vs ``--mm-max-encoder-input-tokens-per-batch``
    (set with ``get_mm().override``; one rank here, so each call holds at most
    that many input patches), read after the embedding cache was
    emptied (the previous step's cached embeddings are freed first): on CUDA
@@ -397,7 +397,7 @@ def timed_step(
 
     empty_embedding_cache()
     with pinned_gate(batched), get_mm().override(
-        mm_max_encoder_patches_per_rank=cap
+        mm_max_encoder_input_tokens_per_batch=cap
     ), U.EncoderCallLog(model) as log, (
         dev.peak() if measure_peak else contextlib.nullcontext({})
     ) as mem:
@@ -661,7 +661,7 @@ def fmt_built(b: Optional[dict]) -> str:
 
 SECTIONS = [
     ("steps", "per-request vs batched vision step"),
-    ("caps", "batched step vs --mm-max-encoder-patches-per-rank"),
+    ("caps", "batched step vs --mm-max-encoder-input-tokens-per-batch"),
     ("diffs", "batched vs each image alone"),
     ("sdpa", "SDPA vision backend launches"),
     ("graphs", "ViT CUDA graphs on (SGLANG_VIT_ENABLE_CUDA_GRAPH=1)"),
@@ -948,7 +948,7 @@ def _section_table(name: str, r) -> str:
     if name == "caps":
         return "\n".join(
             [
-                "Batched step vs --mm-max-encoder-patches-per-rank (one rank):",
+                "Batched step vs --mm-max-encoder-input-tokens-per-batch (one rank):",
                 "",
                 U.markdown_table(
                     [
@@ -1130,7 +1130,7 @@ def parse_args(argv=None):
         "--caps",
         type=U.caps_arg,
         default=None,
-        help=f"--mm-max-encoder-patches-per-rank values to measure, 'none' = uncapped (default {CAPS}; --tiny {TINY_CAPS})",
+        help=f"--mm-max-encoder-input-tokens-per-batch values to measure, 'none' = uncapped (default {CAPS}; --tiny {TINY_CAPS})",
     )
     p.add_argument(
         "--repeats", type=int, default=3, help="warmed steps per measurement (>= 1)"

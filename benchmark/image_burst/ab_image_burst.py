@@ -1293,7 +1293,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--a-extra-args",
         default="",
         help="launch flags for build A only, one shell-quoted string (e.g. a cap: "
-        "'--mm-max-encoder-patches-per-rank 8192'); --cpu too",
+        "'--mm-max-encoder-input-tokens-per-batch 8192'); --cpu too",
     )
     p.add_argument("--b-extra-args", default="", help="launch flags for build B only")
     g = p.add_argument_group(

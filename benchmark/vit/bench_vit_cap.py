@@ -5,13 +5,13 @@ A burst of single-image requests of mixed sizes goes through SGLang's real
 ``mm_schedule._get_chunked_prefill_embedding`` (the prefill step's
 multimodal embedding, cross-request ViT batching) with SGLang's real
 Qwen3-VL vision tower (random weights, sizes from the flags), once per value
-of ``--mm-max-encoder-patches-per-rank`` (set with ``get_mm().override``).
+of ``--mm-max-encoder-input-tokens-per-batch`` (set with ``get_mm().override``).
 
 Every (setting, cap) point runs in fresh processes: one process, or the DP
-encoder on 2 gloo ranks (attention-TP 2, ``mm_enable_dp_encoder``; the cap is
-per rank). In each, after the model is built, one untimed warm-up step runs
-at the same cap; then each of ``--repeats`` steps starts from an empty
-embedding cache and is timed between barriers.
+encoder on 2 gloo ranks (attention-TP 2, ``mm_enable_dp_encoder``; the cap
+counts the whole call). In each, after the model is built, one untimed warm-up
+step runs at the same cap; then each of ``--repeats`` steps starts from an
+empty embedding cache and is timed between barriers.
 
 Peak step memory: VmHWM at the end of a step minus VmRSS at its start, the
 peak mark reset through /proc/self/clear_refs before each step, with glibc's
@@ -28,12 +28,11 @@ compute and does not grow with other load on a shared machine, so the
 per-patch cost and the knee use it.
 
 Splitter table (``--splitter-only`` prints just it, in a few seconds): the
-scheduler-side milliseconds per step that splitting a step's cache misses
-into capped calls costs (``vit_batching.split_encoder_calls``; no encoding),
-at 64, 512 and 1024 images of 64 patches, cap 16384, attention-TP 2, next to
-a reference splitter that re-runs the DP load balancer on the growing
-call for every image. Both must give the same calls;
-the run stops with an error if they do not.
+calls a step of 64 images of 784 patches makes at a cap of 8192, attention-TP
+2, 4 and 8, with the shipped splitter (``vit_batching.split_encoder_calls``,
+the whole call counted) and with per-rank accounting (the DP load balancer's
+busiest rank counted; not shipped), each with its largest call and its
+largest rank share. No encoding.
 
 Example (the benchmark/vit/README.md table):
     .venv/bin/python benchmark/vit/bench_vit_cap.py --caps 1,512,1024,2048,4096,none
@@ -95,7 +94,7 @@ def _point(rank, world_size, init_method, cfg, cap):
         return time.perf_counter() - t0, c1 - c0
 
     times, cpu, peaks = [], [], []
-    with torch.no_grad(), get_mm().override(mm_max_encoder_patches_per_rank=cap):
+    with torch.no_grad(), get_mm().override(mm_max_encoder_input_tokens_per_batch=cap):
         step()  # warm-up at this cap: same call shapes as the timed steps
         baseline = U.rss_mib()
         for _ in range(cfg["repeats"]):
@@ -119,112 +118,94 @@ def _point(rank, world_size, init_method, cfg, cap):
     }
 
 
-SPLITTER_IMAGES = (64, 512, 1024)
-SPLITTER_PATCHES = 64  # patches per image
-SPLITTER_CAP = 16384  # --mm-max-encoder-patches-per-rank
-SPLITTER_RANKS = 2  # attention-TP width of the DP encoder
+SPLITTER_IMAGES = 64  # single-image requests in the step
+SPLITTER_PATCHES = 784  # per image: 448x448 pixels in 16x16 patches (Qwen3-VL)
+SPLITTER_CAP = 8192  # --mm-max-encoder-input-tokens-per-batch
+SPLITTER_RANKS = (2, 4, 8)  # attention-TP widths of the DP encoder
 
 
-def prefix_call_groups(patches, cap, ranks):
-    """The reference splitter: walk the images in order and, for each one,
-    ask SGLang's DP load balancer for the busiest rank's share of the current
-    call plus that image; over the cap closes the call. One balancer run (a sort of the
-    whole trial list) per image: quadratic and worse in the call's length."""
+def per_rank_call_groups(patches, cap, ranks):
+    """Per-rank accounting, which the series does not ship, for comparison:
+    walk the images in order and close the call when SGLang's DP load
+    balancer would give some rank more than ``cap`` patches of it."""
     from sglang.srt.multimodal.mm_utils import get_dp_encoder_lb_assignment
 
-    if not patches:
-        return []
-    if cap is None:
-        return [list(range(len(patches)))]
     groups, current = [], []
     for index, size in enumerate(patches):
         if current:
             trial = [patches[i] for i in current] + [size]
-            if ranks <= 1:
-                busiest = sum(trial)
-            else:
-                busiest = max(get_dp_encoder_lb_assignment(trial, ranks)[2])
-            if busiest > cap:
+            if max(get_dp_encoder_lb_assignment(trial, ranks)[2]) > cap:
                 groups.append(current)
                 current = []
         current.append(index)
-    groups.append(current)
+    if current:
+        groups.append(current)
     return groups
 
 
-def _ms_per_step(split, patches, cap, ranks, budget_s, max_steps):
-    """Median CPU milliseconds (process time: robust to other load on a shared
-    machine) of ``split(patches, cap, ranks)`` over at least one step,
-    repeated while the budget lasts (at most ``max_steps``)."""
-    times, spent = [], 0.0
-    while not times or (spent < budget_s and len(times) < max_steps):
-        t0 = time.process_time()
-        groups = split(patches, cap, ranks)
-        dt = time.process_time() - t0
-        times.append(dt)
-        spent += dt
-    return 1000 * statistics.median(times), groups
+def _largest_share(patches, groups, ranks):
+    from sglang.srt.multimodal.mm_utils import get_dp_encoder_lb_assignment
+
+    return max(
+        max(get_dp_encoder_lb_assignment([patches[i] for i in g], ranks)[2])
+        for g in groups
+    )
 
 
 def splitter_rows(
     images=SPLITTER_IMAGES,
     patches=SPLITTER_PATCHES,
     cap=SPLITTER_CAP,
-    ranks=SPLITTER_RANKS,
-    budget_s=0.3,
+    widths=SPLITTER_RANKS,
 ):
-    """One row per image count: calls, ms per step now and before the fix,
-    and whether both gave the same calls."""
-    # Both import here, so that no timed step pays for an import.
-    from sglang.srt.multimodal.mm_utils import (  # noqa: F401
-        get_dp_encoder_lb_assignment,
-    )
+    """Per attention-TP width: the calls the shipped splitter
+    (``vit_batching.split_encoder_calls``, the whole call counted) makes of
+    the step, and those per-rank accounting would make; for each, the
+    largest call and the largest rank share SGLang's balancer gives."""
     from sglang.srt.multimodal.vit_batching import split_encoder_calls
 
+    sizes = [patches] * images
     rows = []
-    for n in images:
-        sizes = [patches] * n
-        # The series' splitter takes each item's pieces (one grid: one piece).
-        now_ms, now = _ms_per_step(
-            split_encoder_calls, [[size] for size in sizes], cap, ranks, budget_s, 200
-        )
-        now = [list(call) for call in now]
-        old_ms, old = _ms_per_step(prefix_call_groups, sizes, cap, ranks, budget_s, 5)
-        rows.append(
-            dict(
-                images=n,
-                calls=len(now),
-                now_ms=now_ms,
-                prefix_ms=old_ms,
-                same_groups=now == old,
+    for ranks in widths:
+        shipped = [list(call) for call in split_encoder_calls(sizes, cap)]
+        per_rank = per_rank_call_groups(sizes, cap, ranks)
+        row = dict(ranks=ranks, images=images, cap=cap)
+        for key, groups in (("whole", shipped), ("per_rank", per_rank)):
+            row[key] = dict(
+                calls=len(groups),
+                call_max=max(sum(sizes[i] for i in g) for g in groups),
+                share_max=_largest_share(sizes, groups, ranks),
             )
-        )
+        rows.append(row)
     return rows
 
 
-def splitter_table(
-    rows, patches=SPLITTER_PATCHES, cap=SPLITTER_CAP, ranks=SPLITTER_RANKS
-):
+def splitter_table(rows):
+    r0 = rows[0]
     head = (
-        f"Splitter, scheduler side: images of {patches} patches, cap {cap} patches per "
-        f"rank per call, attention-TP {ranks} (DP encoder); median CPU ms per step "
-        f"of splitting the step's cache misses into calls (no encoding).\n"
+        f"Splitter, scheduler side (no encoding): {r0['images']} images of "
+        f"{SPLITTER_PATCHES} patches, cap {r0['cap']} input patches; the DP "
+        f"encoder's balancer (get_dp_encoder_lb_assignment) gives the shares.\n"
     )
     table = U.markdown_table(
         [
-            "images",
-            "calls",
-            "split_encoder_calls (ms)",
-            "pre-fix: balancer per image (ms)",
-            "same calls",
+            "attention-TP",
+            "calls (whole call, shipped)",
+            "largest call",
+            "largest rank share",
+            "calls (per-rank accounting)",
+            "largest call",
+            "largest rank share",
         ],
         [
             [
-                r["images"],
-                r["calls"],
-                f"{r['now_ms']:.3f}",
-                f"{r['prefix_ms']:.1f}",
-                "yes" if r["same_groups"] else "NO",
+                r["ranks"],
+                r["whole"]["calls"],
+                r["whole"]["call_max"],
+                r["whole"]["share_max"],
+                r["per_rank"]["calls"],
+                r["per_rank"]["call_max"],
+                r["per_rank"]["share_max"],
             ]
             for r in rows
         ],
@@ -251,8 +232,8 @@ def main(argv=None):
         "--caps",
         type=U.caps_arg,
         default=U.caps_arg("1,512,1024,2048,4096,none"),
-        help="comma list of --mm-max-encoder-patches-per-rank values (a rank's patches per "
-        "call: the whole call's in one process); 'none' = no cap",
+        help="comma list of --mm-max-encoder-input-tokens-per-batch values (a call's "
+        "input patches); 'none' = no cap",
     )
     p.add_argument(
         "--burst",
@@ -279,16 +260,13 @@ def main(argv=None):
     p.add_argument(
         "--splitter-only",
         action="store_true",
-        help="print only the splitter table (scheduler-side ms per step, now vs pre-fix)",
+        help="print only the splitter table (calls of a step, whole call vs per-rank "
+        "accounting)",
     )
     args = p.parse_args(argv)
     if args.splitter_only:
         rows = splitter_rows()
         print(splitter_table(rows))
-        if not all(r["same_groups"] for r in rows):
-            sys.exit(
-                "bench_vit_cap: split_encoder_calls and the pre-fix splitter disagree"
-            )
         return {"splitter": rows}
     settings = {"1proc": ("1 process", 1), "dp2": ("DP encoder, 2 gloo ranks", 2)}
     chosen = [s.strip() for s in args.settings.split(",") if s.strip()]
@@ -357,7 +335,7 @@ def main(argv=None):
     )
     headers = [
         "setting",
-        "cap (patches/rank/call)",
+        "cap (patches/call)",
         "calls",
         "images per call mean / max",
         "max patches / rank / call",
@@ -393,8 +371,6 @@ def main(argv=None):
     splitter = splitter_rows()
     print()
     print(splitter_table(splitter))
-    if not all(r["same_groups"] for r in splitter):
-        sys.exit("bench_vit_cap: split_encoder_calls and the pre-fix splitter disagree")
     results["splitter"] = splitter
     print(
         f"\nCommand: {shlex.join([os.path.relpath(sys.executable), 'benchmark/vit/bench_vit_cap.py'] + (sys.argv[1:] if argv is None else list(argv)))}"

@@ -5,7 +5,7 @@ series' first patch). This prints, for SGLang's real Qwen3-VL vision tower on
 the CPU (random weights, eager: there is no graph here, so the call is the
 eager tower's), the median time of one tower call and of one copy of its
 output (``Tensor.clone``), per call and per step of N single-image requests
-encoded one image per call (--mm-max-encoder-patches-per-rank under one image)
+encoded one image per call (--mm-max-encoder-input-tokens-per-batch under one image)
 or in one call. Two tower sizes: the tests' tiny tower, and Qwen3-VL-8B's
 widths (hidden 1152, 16 heads, MLP 4304, output 4096 with three deepstack
 mergers) at --depth blocks instead of 27, so the call is shorter than the real

@@ -87,7 +87,7 @@ def test_dry_run_per_request_vs_one_cross_request_call(tmp_path, monkeypatch):
     per = paths["per-request"]
     assert per["encoder_calls"] == 5
     assert per["tower_calls_per_rank"] == [5, 0] and per["images_per_rank"] == [5, 0]
-    assert per["patches_per_rank"] == [sum(sizes), 0]
+    assert per["patches_on_ranks"] == [sum(sizes), 0]
 
     # One cross-request call: both ranks' towers run once, on the load balancer's shares.
     from sglang.srt.multimodal.mm_utils import get_dp_encoder_lb_assignment
@@ -95,7 +95,7 @@ def test_dry_run_per_request_vs_one_cross_request_call(tmp_path, monkeypatch):
     _, counts, loads = get_dp_encoder_lb_assignment(sizes, 2)
     bat = paths["batched"]
     assert bat["encoder_calls"] == 1 and bat["tower_calls_per_rank"] == [1, 1]
-    assert bat["images_per_rank"] == list(counts) and bat["patches_per_rank"] == list(
+    assert bat["images_per_rank"] == list(counts) and bat["patches_on_ranks"] == list(
         loads
     )
     assert min(counts) > 0

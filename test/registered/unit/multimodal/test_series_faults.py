@@ -21,8 +21,8 @@ tiny Qwen3-VL through the real post-load hook and the real
   the model and the device, as pristine's does: a draft runner's hook is its
   draft model's, which has no vision encoder of its own.)
 
-A non-positive ``--mm-max-encoder-patches-per-rank`` is the cap patch's own
-test (``unit/multimodal/test_vit_encoder_patches_per_rank.py``).
+A non-positive ``--mm-max-encoder-input-tokens-per-batch`` is the cap
+patch's own test (``unit/multimodal/test_vit_encoder_input_tokens_per_batch.py``).
 """
 
 import logging

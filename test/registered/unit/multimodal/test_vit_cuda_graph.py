@@ -13,8 +13,9 @@ backend eagerly) on a layout's first call (``SGLANG_VIT_CUDA_GRAPH_MIN_HITS``
 1): every call here is a capture or a replay.
 
 Every embedding the scheduler keeps owns its storage. Covered: same-layout
-calls under ``--mm-max-encoder-patches-per-rank``, the DP encoder on two gloo
-ranks, and a cache hit after a later same-layout call. Each image must come back with the embedding the graph path
+calls under ``--mm-max-encoder-input-tokens-per-batch``, the DP encoder on two
+gloo ranks, and a cache hit after a later same-layout call. Each image must
+come back with the embedding the graph path
 gives it when it is encoded alone (the graph path interpolates position
 embeddings its own way, so that is the reference, not the eager tower's).
 """
@@ -130,7 +131,8 @@ def serving(*, cap=None):
         stack.enter_context(H.on_platform("CUDA"))
         stack.enter_context(torch.no_grad())
         if cap is not None:
-            stack.enter_context(get_mm().override(mm_max_encoder_patches_per_rank=cap))
+            cap_args = dict(mm_max_encoder_input_tokens_per_batch=cap)
+            stack.enter_context(get_mm().override(**cap_args))
         yield
 
 

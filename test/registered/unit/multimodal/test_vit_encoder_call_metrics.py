@@ -35,7 +35,7 @@ def _batched(registry, name):
 
 
 def test_capped_calls_are_counted_per_call():
-    """Five 64-patch images under a 128-patch cap per rank (one rank): three
+    """Five 64-patch images under a 128-patch cap (one rank): three
     cross-request calls (2 + 2 + 1 images), each its own observation."""
     from sglang.srt.runtime_context import get_mm, override_platform
 
@@ -44,7 +44,7 @@ def test_capped_calls_are_counted_per_call():
     model = T.build_tiny_qwen3_vl(seed=9)
     H.fresh_embedding_cache()
     with torch.no_grad(), override_platform(**H.CUDA), get_mm().override(
-        mm_max_encoder_patches_per_rank=128
+        mm_max_encoder_input_tokens_per_batch=128
     ), H.scheduler_vit_metrics() as (_, registry):
         H.run_prefill_embedding(model, _burst())
     assert _batched(registry, "sglang:mm_encoder_calls_total") == 3

@@ -10,7 +10,7 @@ call, on the ``MMEncoderMetricsCollector`` a scheduler with
 step measures peak memory, how many bytes the embedding cache held when the
 measurement started. The tests read that one run: the per-request and
 batched steps are the series' two paths; the cap rows
-(``--mm-max-encoder-patches-per-rank``, one rank) are the series' capped
+(``--mm-max-encoder-input-tokens-per-batch``, one rank) are the series' capped
 calls, each measured from an empty embedding cache; the bf16 batched-vs-alone
 row; the SDPA rows' launches per layer (one per distinct image size in the
 call).
