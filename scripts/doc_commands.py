@@ -307,6 +307,7 @@ class Sandbox:
             "GIT_CONFIG_GLOBAL": self.gitconfig,
             "LANG": "C.UTF-8",
             "DOC_SANDBOX": self.base,
+            "DOC_TMP": getattr(self, "tmp", self.base),
             "DOC_REPO": self.repo,
             "DOC_SHIM_LOG": self.log,
             "DOC_REAL_PYTHON": sys.executable,
@@ -570,7 +571,7 @@ def _runs_for_real(args: List[str], cwd: str, env) -> bool:
         return False
     if len(args) < 2 or args[1] not in ("check", "status", "apply", "revert"):
         return False  # import/export/rebase work on a whole release tree: checked
-    tmp = os.path.join(env["DOC_SANDBOX"], "tmp") + os.sep
+    tmp = env["DOC_TMP"] + os.sep
     targets = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--target"]
     return bool(targets) and all(os.path.abspath(t).startswith(tmp) for t in targets)
 
