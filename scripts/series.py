@@ -413,7 +413,8 @@ def sglang_version(target: Path) -> str | None:
     """__version__ of TARGET/sglang without importing it.
 
     version.py (a literal), then the build-generated _version.py, then the
-    dist-info METADATA that pip writes beside the package.
+    dist-info METADATA that pip writes beside the package, then the release
+    tag of a git checkout's HEAD.
     """
     for name in ("version.py", "_version.py"):
         p = target / PKG / name
@@ -425,7 +426,35 @@ def sglang_version(target: Path) -> str | None:
         for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
             if line.startswith("Version:"):
                 return line.split(":", 1)[1].strip()
-    return None
+    return _checkout_tag_version(target)
+
+
+_RELEASE_TAG_RE = re.compile(r"^v(\d+\.\d+\.\d+\S*)$")
+
+
+def _checkout_tag_version(code_root: Path) -> str | None:
+    """The release a plain SGLang git checkout is at: the vX.Y.Z tag on its
+    HEAD, when CODE_ROOT is python/ of that checkout. A clone carries no
+    _version.py (the build writes it), and its version.py computes the
+    version at import."""
+    top = code_root.parent
+    if code_root.name != CODE or not (top / ".git").exists():
+        return None
+    try:
+        proc = _git(
+            ["tag", "--points-at", "HEAD"],
+            cwd=top,
+            env=_git_env(ceiling=top.parent),
+            check=False,
+        )
+    except SeriesError:  # no git on PATH: the version stays unknown
+        return None
+    if proc.returncode != 0:
+        return None
+    versions = sorted(
+        m.group(1) for m in map(_RELEASE_TAG_RE.match, _out(proc).split()) if m
+    )
+    return versions[0] if len(versions) == 1 else None
 
 
 def require_supported(

@@ -458,6 +458,46 @@ def test_refuses_unsupported_version_and_force_passes(pristine):
     assert snapshot(tree) == before
 
 
+def test_a_git_checkout_reads_its_version_from_the_release_tag(pristine, tmp_path):
+    """A clone of SGLang has no _version.py and a version.py that computes the
+    version at import: the tool reads the vX.Y.Z tag on HEAD, through python/
+    and through the root; off the tag the version is unknown again."""
+    checkout = tmp_path / "sglang"
+    checkout.mkdir()
+    shutil.move(pristine("0.5.23", "pkg"), checkout / "python")
+    (checkout / "python" / "sglang" / "_version.py").unlink()
+    (checkout / "test").mkdir()
+    (checkout / "test" / "README").write_text("upstream tests\n")
+    git(checkout, "init", "-q")
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-q", "-m", "release")
+    git(checkout, "tag", "v0.5.23")
+    git(checkout, "tag", "gateway-v1.0.0")  # another tag on the same commit
+    before = snapshot(checkout / "python")
+
+    for target in (checkout / "python", checkout):
+        st = json.loads(run("status", "--target", target, "--json").stdout)
+        assert st["sglang_version"] == "0.5.23" and st["supported_base"] is True
+        r = run("apply", "--target", target)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "to sglang 0.5.23" in r.stdout
+        assert run("revert", "--target", target).returncode == 0
+        assert snapshot(checkout / "python") == before
+
+    git(checkout, "tag", "-d", "v0.5.23")
+    git(checkout, "tag", "v0.5.24")
+    r = run("apply", "--target", checkout / "python")
+    assert r.returncode == 2
+    one_error_line(r, "sglang 0.5.24", "is not a supported base")
+    git(checkout, "commit", "-q", "--allow-empty", "-m", "past the tag")
+    r = run("check", "--target", checkout)
+    assert r.returncode == 2
+    one_error_line(r, "sglang of unknown version", "is not a supported base")
+    assert (
+        snapshot(checkout / "python") == before
+    ), "a refused apply or check writes nothing"
+
+
 def test_check_refuses_an_unsupported_real_release_and_force_checks(pristine):
     """check on the real 0.5.22 tree: one line naming 0.5.22 and the supported
     0.5.23, exit 2, nothing written; --force runs the check, which fails
