@@ -32,7 +32,7 @@ burst), so a hung burst fails in minutes.
 Images per rank, encoder calls and images per call come from the server's
 ``/metrics`` (scraped before and after each burst): the series exports
 ``sglang:mm_encoder_calls_total`` and ``sglang:mm_encoder_items_per_call`` (read
-for ``modality="image"``) and ``sglang:mm_encoder_dp_rank_grids_total`` (per
+for ``modality="image"``) and ``sglang:mm_encoder_tp_rank_share_total`` (per
 scheduler, told apart by its ``tp_rank`` label) with ``--enable-metrics``; a
 pristine build exports none of them (n/a).
 
@@ -226,7 +226,7 @@ def compiles_per_rank(events: Sequence[CompileEvent]) -> Dict[str, int]:
 
 ENCODER_CALLS = "sglang:mm_encoder_calls_total"
 ENCODER_ITEMS = "sglang:mm_encoder_items_per_call"
-ENCODER_RANK_GRIDS = "sglang:mm_encoder_dp_rank_grids_total"
+ENCODER_RANK_GRIDS = "sglang:mm_encoder_tp_rank_share_total"
 # The call series' modality label of the images a burst sends.
 IMAGE = "image"
 
@@ -337,11 +337,11 @@ def encoder_call_delta(before: Optional[dict], after: Optional[dict]) -> Optiona
 def images_per_rank(encoder: Optional[dict]) -> Optional[List[int]]:
     """Images each attention-TP rank encoded, rank 0 first, from an encoder delta.
 
-    Read from ``sglang:mm_encoder_dp_rank_grids_total`` (each scheduler's, by
-    its ``tp_rank`` label), which the series exports with ``--enable-metrics``
-    when the DP encoder's image-level runner splits a call; a burst's image
-    is one grid. ``None`` (n/a) when the server exports no such series (a
-    pristine build, metrics off, or no such DP encoder).
+    Read from ``sglang:mm_encoder_tp_rank_share_total`` (each scheduler's, by
+    its ``tp_rank`` label), which the series exports with ``--enable-metrics``:
+    the inputs each rank's DP encoder encoded, a burst's image one grid (its
+    tiles on InternVL). ``None`` (n/a) when the server exports no such series
+    (a pristine build or metrics off).
     """
     if not encoder or not encoder.get("rank_grids"):
         return None

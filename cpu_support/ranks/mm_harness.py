@@ -414,15 +414,14 @@ def vit_metrics_collector(labels: dict, records_calls: bool = True, registry=Non
 
 
 def noting_observations(collector, note):
-    """``collector`` (a ``MMEncoderMetricsCollector``), each observation the
-    series hands it also passed to ``note`` before the real method runs: an
-    encoder call as ``dict(path, modality, requests, items, patches)`` (the
-    patches by the call site's own ``patches_of``), a DP-encoder share as
-    ``dict(dp_encoder_grids=n)``. Noted on every rank, recording or not."""
+    """``collector`` (a ``MMEncoderMetricsCollector``), each encoder call the
+    series hands it also passed to ``note`` before the real method runs: as
+    ``dict(path, modality, requests, items, patches)`` (the patches by the
+    call site's own ``patches_of``), then this rank's DP-encoder share of it
+    as ``dict(tp_rank_share=n)``. Noted on every rank, recording or not."""
     observe_call = collector.observe_encoder_call
-    observe_share = collector.observe_dp_encoder_share
 
-    def observe_encoder_call(path, items, requests, patches_of):
+    def observe_encoder_call(path, items, requests, patches_of, tp_rank_share):
         note(
             dict(
                 path=path,
@@ -432,14 +431,10 @@ def noting_observations(collector, note):
                 patches=sum(patches_of(item) for item in items),
             )
         )
-        observe_call(path, items, requests, patches_of)
-
-    def observe_dp_encoder_share(grids):
-        note(dict(dp_encoder_grids=grids))
-        observe_share(grids)
+        note(dict(tp_rank_share=tp_rank_share))
+        observe_call(path, items, requests, patches_of, tp_rank_share)
 
     collector.observe_encoder_call = observe_encoder_call
-    collector.observe_dp_encoder_share = observe_dp_encoder_share
     return collector
 
 

@@ -358,9 +358,8 @@ def main():
                     # share.
                     for (metrics, _), count in zip(schedulers, per_rank):
                         metrics.observe_encoder_call(
-                            "batched", items, 1, lambda item: item.patches
+                            "batched", items, 1, lambda item: item.patches, count
                         )
-                        metrics.observe_dp_encoder_share(count)
             out = int(body.get("max_completion_tokens") or 4)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")

@@ -53,18 +53,18 @@ class Server:
         from sglang.srt.multimodal.vit_batching import item_patches
 
         metrics = self.ranks[0][0]
-        metrics.observe_encoder_call("batched", _items(images), images, item_patches)
+        metrics.observe_encoder_call("batched", _items(images), images, item_patches, 0)
 
     def per_request(self, images, modality="IMAGE"):
         from sglang.srt.multimodal.vit_batching import item_patches
 
         self.ranks[0][0].observe_encoder_call(
-            "per_request", _items(images, modality), 1, item_patches
+            "per_request", _items(images, modality), 1, item_patches, 0
         )
 
     def shares(self, *grids):
         for (metrics, _), n in zip(self.ranks, grids):
-            metrics.observe_dp_encoder_share(n)
+            metrics.tp_rank_share_total.labels(**metrics.labels).inc(n)
 
     def text(self):
         from prometheus_client import generate_latest
@@ -112,7 +112,7 @@ def test_no_series_means_not_available():
 
 def test_rank_grids_alone_are_enough_and_missing_ranks_are_zero(server):
     """A rank that encoded nothing in the interval still gets its column."""
-    server.ranks[1][0].observe_dp_encoder_share(3)
+    server.shares(0, 3)
     d = B.encoder_call_delta(None, B.parse_encoder_metrics(server.text()))
     assert B.images_per_rank(d) == [0, 3]
 

@@ -125,7 +125,7 @@ def test_dry_run_per_request_vs_one_cross_request_call(tmp_path, monkeypatch):
         calls = [n for n in noted if "path" in n]
         expected = warm + per_request * steps + batched * steps
         assert calls == expected, (rank, calls)
-        shares = [n["dp_encoder_grids"] for n in noted if "dp_encoder_grids" in n]
+        shares = [n["tp_rank_share"] for n in noted if "tp_rank_share" in n]
         # The batched steps' shares: each rank's, as the balancer assigned them.
         assert shares[-steps:] == [counts[rank]] * steps, shares
 

@@ -116,7 +116,7 @@ def test_each_request_was_one_batched_call_with_one_image_per_rank(shared_tp2_se
     totals = {}
     for family in text_string_to_metric_families(shared_tp2_server["metrics"]):
         for sample in family.samples:
-            if sample.name == "sglang:mm_encoder_dp_rank_grids_total":
+            if sample.name == "sglang:mm_encoder_tp_rank_share_total":
                 assert sample.labels["tp_rank"] not in totals, sample.labels
                 totals[sample.labels["tp_rank"]] = sample.value
     assert sorted(totals) == ["0", "1"]

@@ -131,25 +131,17 @@ def _clean_warm_up(model):
 
 
 def _metrics_fault(rank, model):
-    """Each rank's scheduler collector (``--enable-metrics``); rank 1's cannot
-    write its DP-encoder share (a Prometheus multiprocess file on a full
-    disk), inside the DP runner's collective region."""
-    from sglang.srt.runtime_context import get_resources
-
+    """Each rank's scheduler collector (``--enable-metrics``) over two steps:
+    the DP runner only adds to a plain count, which mm_schedule takes and
+    records once the encoder call returned."""
     log = H.capture_log("sglang.srt.observability.metrics_collector")
     log.lines.clear()
-
-    def full_disk(**labels):
-        raise OSError(28, "No space left on device", "/prom/counter_1.db")
-
     with H.scheduler_vit_metrics() as (_, registry):
-        if rank == 1:
-            get_resources().mm_encoder_metrics.dp_rank_grids_total.labels = full_disk
         steps = [_step(model, _requests(seed=s)) for s in (20, 30)]
     return {
         "steps": steps,
         "warnings": [m for level, m in log.lines if level == logging.WARNING],
-        "grids": H.metric_total(registry, "sglang:mm_encoder_dp_rank_grids_total"),
+        "grids": H.metric_total(registry, "sglang:mm_encoder_tp_rank_share_total"),
     }
 
 
@@ -203,7 +195,7 @@ def _graph_policy(model):
                 H.post_load_hook(model)
         out["plan_calls"] = seen.calls
         out["left_by_warm_up"] = len(captured)
-        with H.scheduler_vit_metrics() as (_, registry), torch.no_grad():
+        with torch.no_grad():
             # The warm-up's first grid once more: had the warm-up counted it,
             # this sighting would capture.
             call(seen.calls[0][0])
@@ -213,10 +205,6 @@ def _graph_policy(model):
                 for grid in grids:
                     call(grid)
             out["after_stream"] = len(captured)
-            for series in ("captures", "replays", "eager_calls"):
-                out[series] = H.metric_total(
-                    registry, f"sglang:mm_encoder_vit_cuda_graph_{series}_total"
-                )
         out["runner_lines"] = [m for _, m in runner_log.lines]
     finally:
         os.environ.pop(GRAPH_ENV, None)
@@ -312,10 +300,10 @@ def test_a_later_cross_request_step_works_on_both_ranks(ranks):
     )
 
 
-# --- metrics cannot raise inside the DP runner's collective region ------------
+# --- metrics: recorded after the encoder call, outside its collective region --
 
 
-def test_metrics_failure_on_one_rank_leaves_the_encoder_call_whole(ranks):
+def test_metrics_on_leave_the_encoder_call_whole(ranks):
     for rank, out in enumerate(ranks):
         fault = out["metrics_fault"]
         for (rows, calls), reference in zip(fault["steps"], out["metrics_reference"]):
@@ -327,18 +315,10 @@ def test_metrics_failure_on_one_rank_leaves_the_encoder_call_whole(ranks):
         assert torch.equal(rows0, rows1)
 
 
-def test_metrics_failure_is_logged_once(ranks):
-    assert ranks[0]["metrics_fault"]["warnings"] == []
-    # Rank 0 counted its share of both steps' calls (one image each).
-    assert ranks[0]["metrics_fault"]["grids"] == 2
-    warnings = ranks[1]["metrics_fault"]["warnings"]
-    # Two steps, one DP-encoder share each on rank 1: one WARNING.
-    assert len(warnings) == 1, warnings
-    assert warnings[0].startswith(
-        "multimodal encoder metrics: observe_dp_encoder_share failed, serving "
-        "goes on: OSError"
-    ), warnings[0]
-    assert ranks[1]["metrics_fault"]["grids"] == 0
+def test_each_rank_records_its_dp_encoder_share(ranks):
+    # Each step's call gives each rank one image: two steps, two grids each.
+    assert [out["metrics_fault"]["grids"] for out in ranks] == [2, 2]
+    assert [out["metrics_fault"]["warnings"] for out in ranks] == [[], []]
 
 
 # --- the ViT CUDA graphs: captured when a layout recurs, at most 32 --------------
@@ -360,10 +340,6 @@ def test_graphs_stay_within_the_capacity_over_distinct_layouts(ranks):
         # 40 layouts three times: the first 32 to recur are captured and then
         # replayed, the other 8 stay eager; plus the one warm-up grid.
         assert graph["after_stream"] == GRAPH_CAPACITY
-        assert graph["captures"] == GRAPH_CAPACITY
-        assert graph["replays"] == 2 * GRAPH_CAPACITY
-        extra = DISTINCT_LAYOUTS - GRAPH_CAPACITY
-        assert graph["eager_calls"] == 1 + DISTINCT_LAYOUTS + 2 * extra
         capacity_lines = [m for m in graph["runner_lines"] if "capacity of 32" in m]
         assert len(capacity_lines) == 1, graph["runner_lines"]
 

@@ -5,11 +5,10 @@ Each scheduler's collector is built by SGLang's own
 ``Scheduler.init_metrics_collector`` with ``--enable-metrics``
 (``mm_harness.scheduler_vit_metrics``, a private Prometheus registry per
 scheduler), and values are read back from the registry's text exposition:
-what a ``/metrics`` scrape shows. One call's counts, labels and modality, the
-DP share of a rank that records no calls, a failing series and metrics off are
-the in-patch test's (``unit/observability/test_mm_encoder_metrics.py``), graph
-counts ``unit/multimodal/test_vit_cuda_graph_capture_policy.py``'s. The series
-are ``sglang:mm_encoder_*`` (``MMEncoderMetricsCollector``).
+what a ``/metrics`` scrape shows. One call's counts, labels and modality, each
+DP runner's share on a rank that records no calls and metrics off are the
+in-patch test's (``unit/observability/test_mm_encoder_metrics.py``). The
+series are ``sglang:mm_encoder_*`` (``MMEncoderMetricsCollector``).
 """
 
 import pytest
@@ -112,13 +111,13 @@ def _attention_cp_schedulers(rank, world_size, init_method):
     """The schedulers of one group at attention-CP 2 (attention-TP 1: TP rank
     r is CP rank r), with and without --enable-metrics-for-all-schedulers,
     each after one per-request encoder call and one DP-encoder share of 3
-    grids: what each one's registry holds. The call is observed through
-    mm_schedule's own call-site helper, the share as
-    run_dp_sharded_mrope_vision_model observes it (the published collector)."""
+    grids: what each one's registry holds. The share is added as the DP
+    runners add it; mm_schedule's own call-site helper observes both."""
     from sglang.srt.managers.mm_schedule import _observe_encoder_call
     from sglang.srt.managers.schedule_batch import MultimodalDataItem
+    from sglang.srt.multimodal.mm_utils import count_dp_encoder_share
     from sglang.srt.multimodal.modality import Modality
-    from sglang.srt.runtime_context import get_parallel, get_resources
+    from sglang.srt.runtime_context import get_parallel
 
     T.publish_cpu_context()
     item = MultimodalDataItem(
@@ -142,12 +141,12 @@ def _attention_cp_schedulers(rank, world_size, init_method):
             with get_parallel().override(**cp), H.scheduler_vit_metrics(
                 enable_metrics_for_all_schedulers=every
             ) as (_, registry):
+                count_dp_encoder_share(3)
                 _observe_encoder_call("per_request", [item], 1)
-                get_resources().mm_encoder_metrics.observe_dp_encoder_share(3)
             out[f"cp{cp_rank}-all{int(every)}"] = {
                 "calls": H.metric_total(registry, "sglang:mm_encoder_calls_total"),
                 "grids": H.metric_samples(
-                    registry, "sglang:mm_encoder_dp_rank_grids_total"
+                    registry, "sglang:mm_encoder_tp_rank_share_total"
                 ),
             }
     return out
