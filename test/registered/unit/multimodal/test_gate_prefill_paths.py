@@ -65,7 +65,7 @@ DECISION_CLASSES = {
 
 def test_gate_decision_table(decision_tables):
     """The scheduler's gate (asked three times, logged once at INFO on ROCm)
-    and mm_utils.hip_dp_encoder_batches_vit(), the server's question (ROCm,
+    and mm_schedule.hip_dp_encoder_batches_vit(), the server's question (ROCm,
     flag, attention-TP > 1), asked with no model."""
     wrong = []
     for row in H.decision_rows():
