@@ -170,7 +170,10 @@ def test_known_rows(installed):
     )
 
     assert cell("InternVLChatModel", "image") == "DP"
-    assert cell("InternVLChatModel", "answer") == "`self.use_data_parallel`"
+    assert (
+        cell("InternVLChatModel", "answer")
+        == "`getattr(self, 'use_data_parallel', False)`"
+    )
     assert cell("InternVLChatModel", "warm-up plan") == (
         "`vision_model`: `sorted({-(-tiles // tp_size) for tiles in (1, 13)})` "
         "via `encode_share`"
@@ -201,7 +204,7 @@ def test_known_rows(installed):
     ):
         assert cell(name, "image") == "DP"
         assert cell(name, "video") == "DP"
-        assert cell(name, "answer") == "`self.use_data_parallel`"
+        assert cell(name, "answer") == "`getattr(self, 'use_data_parallel', False)`"
         assert cell(name, "warm-up plan") == (
             "`visual`: [[1,32,32]] [[1,48,64]] [6x[1,8,8]]"
         )
