@@ -89,10 +89,10 @@ def find_wheel(version: str = "0.5.23", dirs: Sequence[str] = WHEEL_DIRS) -> str
 
 def _build(dest: str, fill, keep=lambda path: False) -> None:
     """Make ``dest`` with ``fill(tmp)`` in a fresh temporary folder beside it,
-    then rename it into place. Several processes (test runs, agents) may build
+    then rename it into place. Several processes (test workers, parallel runs) may build
     the same tree at once: each fills its own folder, and when ``dest``
     appeared meanwhile and ``keep(dest)`` says it is good, that one stays."""
-    # One builder at a time (test workers, agents); a later one finds the
+    # One builder at a time (test workers, parallel runs); a later one finds the
     # tree made and keeps it.
     with open(dest + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

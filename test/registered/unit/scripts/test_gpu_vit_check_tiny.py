@@ -1,6 +1,6 @@
 """benchmark/gpu_check/gpu_vit_check.py through its --tiny CPU path.
 
-The script is the product (it is what runs when a GPU is lent). It runs
+The script is the product (it is what runs on a GPU box). It runs
 once for the module, in a subprocess, through its own ``main`` with the
 documented arguments (``--tiny --repeats 1 --out DIR``), in a process that
 also notes, for every step the check times, the series' record of each
