@@ -28,6 +28,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # embeddings, and the CPU matmul library may split work differently with more
 # threads for some shapes. Spawned gloo ranks use one thread each as well.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# SGLang's init_single_process_dist() rendezvouses on MASTER_PORT (29632 by
+# default): each pytest worker gets a free port of its own, so that workers
+# running such modules at the same moment do not meet on one store.
+if "MASTER_PORT" not in os.environ:
+    import socket
+
+    with socket.socket() as _sock:
+        _sock.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(_sock.getsockname()[1])
 
 from cpu_support.standins.prepare import prepare_cpu_process  # noqa: E402
 
