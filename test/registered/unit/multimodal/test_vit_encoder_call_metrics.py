@@ -7,8 +7,9 @@ Each scheduler's collector is built by SGLang's own
 scheduler), and values are read back from the registry's text exposition:
 what a ``/metrics`` scrape shows. One call's counts, labels and modality, each
 DP runner's share on a rank that records no calls and metrics off are the
-in-patch test's (``unit/observability/test_mm_encoder_metrics.py``). The
-series are ``sglang:mm_encoder_*`` (``MMEncoderMetricsCollector``).
+in-patch test's (``unit/observability/test_mm_encoder_metrics.py``); the
+WARNING of a collector that cannot be built is worded here. The series are
+``sglang:mm_encoder_*`` (``MMEncoderMetricsCollector``).
 """
 
 import pytest
@@ -172,3 +173,31 @@ def test_every_scheduler_counts_its_dp_encoder_share(cp_schedulers):
         ((labels, grids),) = got["grids"]
         assert grids == 3, key
         assert labels["tp_rank"] == key[2] and "rank" not in labels, (key, labels)
+
+
+def test_a_collector_that_cannot_be_built_names_its_error_in_one_warning(caplog):
+    """What an operator reads when the encoder metrics could not be registered:
+    the error, and that the scheduler serves without them."""
+    import logging
+    import types
+
+    from sglang.srt.observability import metrics_collector as M
+    from sglang.srt.runtime_context import get_observability
+
+    def cannot_register(**_):
+        raise OSError(28, "No space left on device")
+
+    T.publish_cpu_context(tp_size=1)
+    scheduler_metrics = types.SimpleNamespace(
+        collector=types.SimpleNamespace(labels={"tp_rank": 0}),
+        current_scheduler_metrics_enabled=True,
+    )
+    loggers = {M.STAT_LOGGER_ROLE_MM_ENCODER: cannot_register}
+    with get_observability().override(stat_loggers=loggers), caplog.at_level(
+        logging.WARNING, logger=M.__name__
+    ):
+        assert M.MMEncoderMetricsCollector.init_new(scheduler_metrics) is None
+    assert [r.getMessage() for r in caplog.records if r.name == M.__name__] == [
+        "multimodal encoder metrics: not created, this scheduler serves without "
+        "them: OSError: [Errno 28] No space left on device"
+    ]
