@@ -175,9 +175,10 @@ def init_ranks(
     local_rank: int = 0,
     init_method: Optional[str] = None,
     dp_encoder: bool = False,
+    backend: Optional[str] = None,
 ) -> None:
     """SGLang's runtime context and model-parallel groups for rank ``rank`` of ``tp_size``
-    (nccl on cuda, gloo on cpu)."""
+    (``backend``, default nccl on cuda, gloo on cpu)."""
     import torch
 
     from sglang.srt.distributed.parallel_state import (
@@ -196,6 +197,7 @@ def init_ranks(
         disable_custom_all_reduce=True,
     )
     publish(args, role="scheduler", ranks=SpawnRanks(world_rank=rank))
+    backend = backend or ("nccl" if device == "cuda" else "gloo")
     if device == "cuda":
         torch.cuda.set_device(local_rank)
     init_distributed_environment(
@@ -203,9 +205,9 @@ def init_ranks(
         rank=rank,
         distributed_init_method=init_method or f"tcp://127.0.0.1:{U.free_port()}",
         local_rank=local_rank,
-        backend="nccl" if device == "cuda" else "gloo",
+        backend=backend,
     )
-    initialize_model_parallel(backend="nccl" if device == "cuda" else "gloo")
+    initialize_model_parallel(backend=backend)
 
 
 def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):

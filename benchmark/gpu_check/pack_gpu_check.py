@@ -23,8 +23,8 @@ platform, into the folders the archive holds (``manifest.json`` lists them):
 * ``site-cpXY/``: the compiled distributions in COMPILED for one Python
   (``--python``, default 3.12, manylinux x86_64), only used by a matching
   interpreter;
-* ``scripts/``: gpu_vit_check.py and the cpu_support modules it imports
-  (SCRIPT_FILES says where each comes from);
+* ``scripts/``: gpu_vit_check.py, bench_dp_encoder_gather.py and the
+  cpu_support modules they import (SCRIPT_FILES says where each comes from);
 * ``__main__.py`` / ``run_gpu_check.py``: the runner; STANDINS are the
   packages it stands in for when the box lacks them (see run_gpu_check.py).
 
@@ -121,6 +121,7 @@ STANDINS = [
 # The check's own files: path under the archive's scripts/ -> path in this repository.
 SCRIPT_FILES = {
     "gpu_vit_check.py": "benchmark/gpu_check/gpu_vit_check.py",
+    "bench_dp_encoder_gather.py": "benchmark/vit/bench_dp_encoder_gather.py",
     # The cpu_support modules it imports, each subpackage's __init__ with them,
     # at the same path under scripts/ as here.
     **{

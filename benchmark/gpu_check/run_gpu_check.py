@@ -21,7 +21,8 @@ What the archive holds (``manifest.json`` lists it):
   --target``, so the box needs no pip), each with its metadata;
 * ``site-cpXY/``: the few compiled distributions the check uses, for one
   Python (``--python`` of the packer); used only when this interpreter matches;
-* ``scripts/``: gpu_vit_check.py and the cpu_support modules it imports.
+* ``scripts/``: gpu_vit_check.py, bench_dp_encoder_gather.py and the
+  cpu_support modules they import.
 
 STAND-INS. SGLang imports, at module level, packages that this check never
 calls: the CUDA kernel package ``sgl_kernel`` and a few compiled helpers
@@ -50,7 +51,16 @@ default ``./gpu_vit_check_out``):
    imports, as the check itself would (exit 2);
 3. the check (``gpu_vit_check.py``), which writes each section's table and
    JSON as soon as it ends;
-4. ``bare_runner.json``. On SIGTERM (``timeout``) the check stops, the
+4. unless the check was stopped, the DP encoder's gather benchmark
+   (``bench_dp_encoder_gather.py``), ``dp_encoder_gather.json`` / ``.md``, on
+   ``--dp-gather-ranks`` N rank processes started here (env://): by default
+   on cuda the largest of 2, 4, 8 that the GPUs allow, one GPU each over
+   NCCL/RCCL; with more ranks than GPUs (one GPU: two ranks) they share the
+   GPUs over gloo, which takes the CUDA tensors of the runner's all-gather and
+   broadcast. On the CPU it runs only when N is given (two tiny-tower ranks
+   re-import SGLang: half a minute here). A failed rank stops the others and
+   its last line is written instead of the table; exit 1 if the check passed;
+5. ``bare_runner.json``. On SIGTERM (``timeout``) the check stops, the
    finished sections stay on disk and ``bare_runner.json`` says it was
    stopped (exit 143).
 """
@@ -472,20 +482,24 @@ def _unpack(archive: str, workdir: str) -> str:
     return dest
 
 
+RUNNER_OPTIONS = ("--workdir", "--dp-gather-ranks")
+
+
 def _split_args(argv):
-    """The runner's own ``--workdir DIR``; everything else goes to the check."""
-    workdir, rest, i = None, [], 0
+    """The runner's own options (RUNNER_OPTIONS, each with a value); everything
+    else goes to the check."""
+    own, rest, i = {}, [], 0
     while i < len(argv):
         a = argv[i]
-        if a == "--workdir" and i + 1 < len(argv):
-            workdir, i = argv[i + 1], i + 2
+        if a in RUNNER_OPTIONS and i + 1 < len(argv):
+            own[a], i = argv[i + 1], i + 2
             continue
-        if a.startswith("--workdir="):
-            workdir, i = a.split("=", 1)[1], i + 1
+        if a.split("=", 1)[0] in RUNNER_OPTIONS and "=" in a:
+            own[a.split("=", 1)[0]], i = a.split("=", 1)[1], i + 1
             continue
         rest.append(a)
         i += 1
-    return workdir, rest
+    return own, rest
 
 
 def _option(args, name):
@@ -526,6 +540,101 @@ def prepare(root: str):
     return manifest, finder, os.path.isdir(compiled)
 
 
+DP_GATHER = "bench_dp_encoder_gather.py"
+
+
+def dp_gather_plan(device: str, gpus: int, ranks=None) -> dict:
+    """Ranks, backend and arguments of the gather benchmark on this box
+    (``ranks`` from --dp-gather-ranks; 0 skips it)."""
+    if ranks is None:
+        ranks = max(t for t in (2, 4, 8) if t <= max(gpus, 2))
+        ranks = 0 if device == "cpu" else ranks
+    if not ranks:
+        why = (
+            "--dp-gather-ranks 0"
+            if device == "cuda"
+            else "not run on the CPU by default"
+        )
+        return dict(ranks=0, skipped=why, error=None)
+    if device == "cpu":
+        args = ["--device", "cpu", "--batches", "large+tiny", "--caps", ""]
+        return dict(ranks=ranks, backend="gloo", args=args + ["--repeats", "1"])
+    args = ["--device", "cuda", "--repeats", "3"]
+    if ranks <= gpus:
+        return dict(ranks=ranks, backend="nccl", args=args)
+    return dict(ranks=ranks, backend="gloo", args=args + ["--dist-backend", "gloo"])
+
+
+def run_dp_gather(root: str, device: str, gpus: int, out: str, ranks=None) -> dict:
+    """The gather benchmark on its own ranks; its table lands in ``out``."""
+    plan = dp_gather_plan(device, gpus, ranks)
+    if not plan["ranks"]:
+        with open(os.path.join(out, "dp_encoder_gather.md"), "w") as f:
+            f.write(f"DP encoder gather benchmark skipped: {plan['skipped']}.\n")
+        return plan
+    runner = os.path.join(root, "run_gpu_check.py")
+    flags = (["-S"] if sys.flags.no_site else []) + (
+        ["-s"] if sys.flags.no_user_site else []
+    )
+    cmd = [sys.executable, *flags, runner, "--dp-gather-rank", *plan["args"]]
+    cmd += ["--out", out]
+    env = dict(os.environ, WORLD_SIZE=str(plan["ranks"]), MASTER_ADDR="127.0.0.1")
+    from cpu_support.bench.vit_bench_util import free_port
+
+    env["MASTER_PORT"] = str(free_port())
+    # SGLang's object broadcaster at TP > 1 needs zmq, stood in for here; the
+    # benchmark broadcasts tensors only.
+    env["SGLANG_USE_MESSAGE_QUEUE_BROADCASTER"] = "false"
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"
+    procs, logs = [], []
+    t0 = time.perf_counter()
+    try:
+        for r in range(plan["ranks"]):
+            log = open(os.path.join(out, f"dp_encoder_gather.rank{r}.log"), "w")
+            logs.append(log)
+            rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+            procs.append(
+                subprocess.Popen(
+                    cmd, env=rank_env, stdout=log, stderr=subprocess.STDOUT
+                )
+            )
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode not in (None, 0) for p in procs):
+                break  # the others would wait in a collective forever
+            time.sleep(0.2)
+        failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+        error = failed[0] if failed else None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    plan.update(seconds=time.perf_counter() - t0, error=None)
+    if error is not None:
+        with open(os.path.join(out, f"dp_encoder_gather.rank{error}.log")) as f:
+            lines = [ln.strip() for ln in f if ln.strip()] or ["no output"]
+        plan["error"] = f"rank {error} exited {procs[error].returncode}: {lines[-1]}"
+        with open(os.path.join(out, "dp_encoder_gather.md"), "w") as f:
+            f.write(f"DP encoder gather benchmark not measured: {plan['error']}\n")
+    return plan
+
+
+def dp_gather_rank(argv) -> int:
+    """One rank of the gather benchmark, with the archive's paths and stand-ins."""
+    root = os.path.abspath(os.path.dirname(__file__))
+    prepare(root)
+    script = os.path.join(root, "scripts", DP_GATHER)
+    sys.argv = [script] + list(argv)
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
 class RunnerStopped(BaseException):
     """SIGTERM before or after the check (a BaseException: no ``except Exception`` swallows it)."""
 
@@ -536,7 +645,16 @@ def _stop(signum, frame):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    workdir, check_args = _split_args(argv)
+    if argv[:1] == ["--dp-gather-rank"]:
+        return dp_gather_rank(argv[1:])
+    own, check_args = _split_args(argv)
+    workdir, gather_ranks = own.get("--workdir"), own.get("--dp-gather-ranks")
+    if gather_ranks not in (None, "0", "2", "4", "8"):
+        print(
+            f"run_gpu_check: --dp-gather-ranks takes 0, 2, 4 or 8, not {gather_ranks!r}",
+            file=sys.stderr,
+        )
+        return 2
     if "-h" in check_args or "--help" in check_args:
         print(__doc__)
     out = _option(check_args, "--out")
@@ -658,6 +776,23 @@ def main(argv=None) -> int:
                 )
             if status == 143:
                 stopped = "SIGTERM during the check (its finished sections are on disk)"
+            else:
+                import gc
+
+                gc.collect()  # the check's model: its GPU memory back first
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                gather = run_dp_gather(
+                    root,
+                    device,
+                    torch.cuda.device_count(),
+                    out,
+                    None if gather_ranks is None else int(gather_ranks),
+                )
+                record["dp_encoder_gather"] = gather
+                if gather["error"] and status == 0:
+                    status, error = 1, f"dp encoder gather: {gather['error']}"
+                    print(f"run_gpu_check: {error}", file=sys.stderr)
     except RunnerStopped as e:
         status, stopped = 143, str(e)
     except Exception as e:  # e.g. BareStandInCalled: recorded, then shown

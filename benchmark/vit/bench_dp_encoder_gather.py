@@ -24,7 +24,7 @@ name the model calls); the largest over the step's calls:
   the run stops if a measured gather differs from it;
 * encoder calls (the cap splits a step);
 * vision step time, median of ``--repeats`` steps between barriers, only
-  where each rank has a core of its own (always on a GPU);
+  where each rank has a core of its own, or a GPU of its own over NCCL/RCCL;
 * on a GPU, the step's device peak (``torch.cuda.max_memory_allocated``
   over the step minus what was allocated before it).
 
@@ -38,6 +38,9 @@ CPU (gloo ranks spawned by ``cpu_support.ranks.gloo``; the tiny tower of
     .venv/bin/python benchmark/vit/bench_dp_encoder_gather.py --tp 2,4,8
 GPU (one run per width, the patched tree first on PYTHONPATH):
     PYTHONPATH=/tmp/sglang-series/python torchrun --nproc-per-node 8 benchmark/vit/bench_dp_encoder_gather.py
+More ranks than GPUs (a one-GPU box): ``--dist-backend gloo`` puts rank r on
+GPU r mod count, SGLang's PyNccl off; the runner's all-gather and broadcast
+then go through gloo, which copies CUDA tensors through the host (no step time).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import shlex
 import statistics
@@ -163,6 +167,7 @@ def rank_main(rank: int, world_size: int, init_method: str, opts: dict) -> dict:
         local_rank=opts.get("local_rank", rank),
         init_method=init_method,
         dp_encoder=True,
+        backend=opts.get("dist_backend"),
     )
     model = G.build_model(config, device, getattr(torch, opts["dtype"]), seed=0)
     dev = G.Device(device)
@@ -277,6 +282,8 @@ def to_markdown(rows: list, device: str) -> str:
         f"Device: {device}. Per rank, the largest over the step's encoder calls; "
         "one value where every rank measured the same, else rank 0 / 1 / ...\n"
     )
+    if any(r["step_ms"] is None for r in rows):
+        head += "Step median '-': the ranks share cores or a GPU.\n"
     return head + "\n" + U.markdown_table(headers, body)
 
 
@@ -295,6 +302,21 @@ def parse_args(argv=None):
     )
     p.add_argument("--repeats", type=int, default=5, help="timed steps (>= 1)")
     p.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default=None,
+        help="default: cuda under torchrun, else cpu (gloo ranks of its own)",
+    )
+    p.add_argument(
+        "--dist-backend",
+        choices=["nccl", "gloo"],
+        default="nccl",
+        help="cuda only: gloo runs rank r on GPU r mod count (more ranks than GPUs)",
+    )
+    p.add_argument(
+        "--out", default=None, help="also write dp_encoder_gather.json/.md here"
+    )
+    p.add_argument(
         "--vision",
         choices=["tiny", "qwen3-vl-8b"],
         default=None,
@@ -310,13 +332,19 @@ def parse_args(argv=None):
     unknown = [b for b in args.batches if b not in BATCHES]
     if unknown or not args.batches or args.repeats < 1 or min(args.tp) < 2:
         p.error("--batches from the list, --repeats >= 1, each --tp >= 2")
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if args.device is None:
+        args.device = "cuda" if torchrun else "cpu"
+    if args.device == "cuda" and not torchrun:
+        p.error("--device cuda runs one rank per process: start it with torchrun")
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    device = "cuda" if torchrun else "cpu"
+    device = args.device
+    gloo_gpu = device == "cuda" and args.dist_backend == "gloo"
     vision = args.vision or ("qwen3-vl-8b" if device == "cuda" else "tiny")
     opts = dict(
         device=device,
@@ -326,19 +354,38 @@ def main(argv=None):
         batches=args.batches,
         caps=args.caps,
         repeats=args.repeats,
+        dist_backend="gloo" if device == "cpu" else args.dist_backend,
     )
     rows, described = [], None
     if torchrun:
+        from cpu_support.standins import prepare
+
+        if device == "cpu":
+            prepare.prepare_cpu_process()  # before SGLang's first import
+        elif gloo_gpu:
+            # NCCL refuses two ranks on one GPU: SGLang's PyNccl off, as on the CPU.
+            os.environ["SGLANG_NCCL_SO_PATH"] = prepare.MISSING_NCCL_PATH
         import torch
 
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        opts["local_rank"] = int(os.environ.get("LOCAL_RANK", rank))
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        if device == "cpu":
+            torch.set_num_threads(1)
+        elif gloo_gpu:
+            local_rank %= torch.cuda.device_count()
+        opts["local_rank"] = local_rank
         mine = rank_main(rank, world, "env://", opts)
         gathered = [None] * world
         torch.distributed.all_gather_object(gathered, mine)
         if rank != 0:
             return None
-        rows, described = summarize(gathered, opts, timed=True), gathered[0]["device"]
+        # Timed where each rank has a GPU over NCCL/RCCL, or a core of its own.
+        timed = (
+            world <= (os.cpu_count() or 1)
+            if device == "cpu"
+            else args.dist_backend == "nccl"
+        )
+        rows, described = summarize(gathered, opts, timed), gathered[0]["device"]
     else:
         from cpu_support.ranks.gloo import run_on_ranks
 
@@ -348,17 +395,30 @@ def main(argv=None):
             timed = ranks <= (os.cpu_count() or 1)
             rows += summarize(per_rank, opts, timed)
             described = per_rank[0]["device"]
-    print(
-        f"Qwen3-VL vision tower ({vision} sizes, random weights), {opts['dtype']}, "
-        f"--mm-enable-dp-encoder; batches: "
-        + "; ".join(f"{b}: {len(BATCHES[b])} images" for b in args.batches)
-    )
-    print(to_markdown(rows, described))
+    if torchrun:
+        described += f", {len(gathered)} ranks over {opts['dist_backend']}"
     cmd = [os.path.relpath(sys.executable), "benchmark/vit/bench_dp_encoder_gather.py"]
-    print(
-        f"\nCommand: {shlex.join(cmd + (sys.argv[1:] if argv is None else list(argv)))}"
+    if torchrun:
+        cmd = ["torchrun", "--nproc-per-node", str(len(gathered))] + cmd[1:]
+    text = "\n".join(
+        [
+            f"Qwen3-VL vision tower ({vision} sizes, random weights), {opts['dtype']}, "
+            f"--mm-enable-dp-encoder; batches: "
+            + "; ".join(f"{b}: {len(BATCHES[b])} images" for b in args.batches),
+            to_markdown(rows, described),
+            "",
+            f"Command: {shlex.join(cmd + (sys.argv[1:] if argv is None else list(argv)))}",
+            f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        ]
     )
-    print(f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, "dp_encoder_gather")
+        with open(stem + ".json", "w") as f:
+            json.dump(dict(device=described, vision=vision, rows=rows), f, indent=1)
+        with open(stem + ".md", "w") as f:
+            f.write(text + "\n")
     return rows
 
 

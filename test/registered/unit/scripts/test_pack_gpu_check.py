@@ -109,6 +109,7 @@ def test_archive_is_one_file_under_64_mib_with_the_current_series(archive):
     ]
     assert stamp["patches"] == series == manifest["series"]["patches"]
     assert "__main__.py" in names and "scripts/gpu_vit_check.py" in names
+    assert "scripts/bench_dp_encoder_gather.py" in names
     # No compiled extension of the sglang wheel, and compiled wheels only in site-cpXY/.
     compiled_dir = f"site-{manifest['compiled_python']}/"
     assert not [
@@ -269,6 +270,16 @@ def test_runs_the_check_with_only_the_archive_and_torch(
         "rows": [],
     }
     assert (out / "gpu_vit_check.md").read_text().startswith("Device: CPU")
+    # The DP gather benchmark's ranks would re-import SGLang: on the CPU only
+    # with --dp-gather-ranks, and the table says so.
+    assert record["dp_encoder_gather"] == {
+        "ranks": 0,
+        "skipped": "not run on the CPU by default",
+        "error": None,
+    }
+    assert (out / "dp_encoder_gather.md").read_text() == (
+        "DP encoder gather benchmark skipped: not run on the CPU by default.\n"
+    )
 
 
 def test_sigterm_between_sections_leaves_the_finished_ones(
