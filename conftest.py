@@ -9,6 +9,7 @@ before any test module imports sglang (see cpu_support/standins/prepare.py).
 
 import os
 import re
+import socket
 import sys
 
 import pytest
@@ -29,14 +30,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # threads for some shapes. Spawned gloo ranks use one thread each as well.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # SGLang's init_single_process_dist() rendezvouses on MASTER_PORT (29632 by
-# default): each pytest worker gets a free port of its own, so that workers
-# running such modules at the same moment do not meet on one store.
-if "MASTER_PORT" not in os.environ:
-    import socket
-
-    with socket.socket() as _sock:
-        _sock.bind(("127.0.0.1", 0))
-        os.environ["MASTER_PORT"] = str(_sock.getsockname()[1])
+# default): every pytest process (each xdist worker imports this file and
+# would otherwise inherit the controller's port) takes a free port of its own,
+# so that workers running such modules at once do not meet on one store.
+with socket.socket() as _sock:
+    _sock.bind(("127.0.0.1", 0))
+    os.environ["MASTER_PORT"] = str(_sock.getsockname()[1])
 
 from cpu_support.standins.prepare import prepare_cpu_process  # noqa: E402
 
