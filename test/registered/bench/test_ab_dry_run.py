@@ -29,7 +29,7 @@ so the SGLang the test process imports does not change the result.
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=137, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=200, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
 import os  # noqa: E402

@@ -21,7 +21,7 @@ before anything is built, naming triton).
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=90, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=190, suite="stage-a-test-cpu")
 
 import importlib.metadata as md
 import json
