@@ -12,7 +12,11 @@ import bench_dp_encoder_gather as B
 ROW = 64 * (1 + 1) * 4  # tiny tower: out_hidden 64, one deepstack layer; fp32
 
 
-def test_tp2_gather_matches_the_formula_and_the_cap_bounds_it(capsys):
+def test_tp2_gather_matches_the_formula_and_the_cap_bounds_it(capsys, monkeypatch):
+    # RANK and WORLD_SIZE mean "a torchrun rank" to the bench; SGLang's
+    # init_single_process_dist(), run by another module of this worker, sets them.
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     argv = ["--tp", "2", "--batches", "large+tiny", "--caps", "512", "--repeats", "1"]
     rows = B.main(argv)
     unset, capped = rows
