@@ -148,13 +148,14 @@ def _prepare_process(device: str) -> None:
     prepare_cpu_process()
 
 
-def make_config(vision: dict):
-    """The Qwen3-VL config with ``vision`` and a one-layer text part, written to a folder."""
+def make_config(vision: dict, text_fields: Optional[dict] = None, name="gpu-vit-check"):
+    """The Qwen3-VL config with ``vision`` and a one-layer text part (plus
+    ``text_fields``), written to a folder named after ``name``."""
     from sglang.srt.configs.qwen3_vl import Qwen3VLConfig
 
     # The text side only has to build: the tiny model's one small layer, at the
     # tower's out_hidden_size.
-    text = dict(TINY_TEXT, hidden_size=vision["out_hidden_size"])
+    text = dict(TINY_TEXT, hidden_size=vision["out_hidden_size"], **(text_fields or {}))
     config = Qwen3VLConfig(
         text_config=text, vision_config=vision, tie_word_embeddings=False
     )
@@ -162,7 +163,7 @@ def make_config(vision: dict):
         if key not in ("model_type", "architectures", "transformers_version"):
             setattr(config, key, value)
     config.architectures = ["Qwen3VLForConditionalGeneration"]
-    return config, U.config_dir(config, "gpu-vit-check")
+    return config, U.config_dir(config, name)
 
 
 def init_ranks(
@@ -208,6 +209,41 @@ def init_ranks(
         backend=backend,
     )
     initialize_model_parallel(backend=backend)
+
+
+def build_dp_encoder_rank(config, model_dir, opts: dict, rank, world_size, init_method):
+    """Rank ``rank`` of ``world_size`` with the DP encoder: SGLang's runtime
+    context and groups, then the model (``opts``: device, dtype,
+    attention_backend, and optionally local_rank and dist_backend)."""
+    import torch
+
+    device = opts["device"]
+    init_ranks(
+        device,
+        model_dir,
+        opts["attention_backend"],
+        tp_size=world_size,
+        rank=rank,
+        local_rank=opts.get("local_rank", rank),
+        init_method=init_method,
+        dp_encoder=True,
+        backend=opts.get("dist_backend"),
+    )
+    return build_model(config, device, getattr(torch, opts["dtype"]), seed=0)
+
+
+def timed_prefill_step(model, requests, device: str, dev, group) -> float:
+    """One prefill step between two barriers of ``group``, the device synced
+    around it: its seconds, the same on every rank."""
+    import torch
+
+    torch.distributed.barrier(group)
+    dev.sync()
+    start = time.perf_counter()
+    prefill_step(model, requests, device)
+    dev.sync()
+    torch.distributed.barrier(group)
+    return time.perf_counter() - start
 
 
 def build(device: str, vision: dict, dtype, attention_backend, seed: int = 0):

@@ -40,7 +40,6 @@ import os
 import shlex
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -60,18 +59,9 @@ def rank_main(rank: int, world_size: int, init_method: str, opts: dict) -> dict:
     device = opts["device"]
     vision = G.TINY_VISION if opts["tiny"] else G.QWEN3_VL_8B_VISION
     config, model_dir = G.make_config(vision)
-    G.init_ranks(
-        device,
-        model_dir,
-        opts["attention_backend"],
-        tp_size=world_size,
-        rank=rank,
-        local_rank=opts.get("local_rank", rank),
-        init_method=init_method,
-        dp_encoder=True,
+    model = G.build_dp_encoder_rank(
+        config, model_dir, opts, rank, world_size, init_method
     )
-    dtype = getattr(torch, opts["dtype"])
-    model = G.build_model(config, device, dtype, seed=0)
     dev = G.Device(device)
     requests = G.make_requests(opts["grids"], config)
     group = torch.distributed.group.WORLD
@@ -83,13 +73,7 @@ def rank_main(rank: int, world_size: int, init_method: str, opts: dict) -> dict:
         ) as tower, U.EncoderCallLog(model) as log, (
             dev.peak() if measure_peak else contextlib.nullcontext({})
         ) as mem:
-            torch.distributed.barrier(group)
-            dev.sync()
-            t0 = time.perf_counter()
-            G.prefill_step(model, requests, device)
-            dev.sync()
-            torch.distributed.barrier(group)
-            seconds = time.perf_counter() - t0
+            seconds = G.timed_prefill_step(model, requests, device, dev, group)
         return seconds, log.calls, tower.calls, mem.get("mib")
 
     out = {

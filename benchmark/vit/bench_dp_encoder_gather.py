@@ -53,7 +53,6 @@ import os
 import shlex
 import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 for path in (ROOT, os.path.join(ROOT, "benchmark", "gpu_check")):
@@ -77,21 +76,6 @@ TEXT_TP8 = dict(
     head_dim=8,
     rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]},
 )
-
-
-def make_config(vision: dict):
-    """gpu_vit_check's Qwen3-VL config, its text part shardable at TP8."""
-    from sglang.srt.configs.qwen3_vl import Qwen3VLConfig
-
-    text = dict(G.TINY_TEXT, hidden_size=vision["out_hidden_size"], **TEXT_TP8)
-    config = Qwen3VLConfig(
-        text_config=text, vision_config=vision, tie_word_embeddings=False
-    )
-    for key, value in config.text_config.to_dict().items():  # as SGLang's loader
-        if key not in ("model_type", "architectures", "transformers_version"):
-            setattr(config, key, value)
-    config.architectures = ["Qwen3VLForConditionalGeneration"]
-    return config, U.config_dir(config, "dp-encoder-gather")
 
 
 @contextlib.contextmanager
@@ -157,32 +141,19 @@ def rank_main(rank: int, world_size: int, init_method: str, opts: dict) -> dict:
     from sglang.srt.runtime_context import get_mm
 
     device = opts["device"]
-    config, model_dir = make_config(opts["vision"])
-    G.init_ranks(
-        device,
-        model_dir,
-        opts["attention_backend"],
-        tp_size=world_size,
-        rank=rank,
-        local_rank=opts.get("local_rank", rank),
-        init_method=init_method,
-        dp_encoder=True,
-        backend=opts.get("dist_backend"),
+    # The text part shardable at TP8.
+    config, model_dir = G.make_config(opts["vision"], TEXT_TP8, "dp-encoder-gather")
+    model = G.build_dp_encoder_rank(
+        config, model_dir, opts, rank, world_size, init_method
     )
-    model = G.build_model(config, device, getattr(torch, opts["dtype"]), seed=0)
     dev = G.Device(device)
     group = torch.distributed.group.WORLD
 
     def step(requests, measure_peak=False):
         G.empty_embedding_cache()
         with dev.peak() if measure_peak else contextlib.nullcontext({}) as mem:
-            torch.distributed.barrier(group)
-            dev.sync()
-            t0 = time.perf_counter()
-            G.prefill_step(model, requests, device)
-            dev.sync()
-            torch.distributed.barrier(group)
-        return time.perf_counter() - t0, mem.get("mib")
+            seconds = G.timed_prefill_step(model, requests, device, dev, group)
+        return seconds, mem.get("mib")
 
     rows = []
     with torch.no_grad():
