@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -166,7 +165,9 @@ def _close_indented(rel, indented, blocks, problems) -> None:
     while body and not body[-1].strip():
         body.pop()
     if body and _COMMAND_SPAN.match(body[0].strip()):
-        problems.append(f"{rel}:{start}: an indented command: put it in a ```bash block")
+        problems.append(
+            f"{rel}:{start}: an indented command: put it in a ```bash block"
+        )
         blocks.append(Block(rel, start, "\n".join(body)))
 
 
@@ -193,7 +194,12 @@ def _series_names() -> List[str]:
         return [x.strip() for x in fh if x.strip() and not x.strip().startswith("#")]
 
 
-GIT_ID = ["-c", "user.name=doc-commands", "-c", "user.email=doc-commands@example.invalid"]
+GIT_ID = [
+    "-c",
+    "user.name=doc-commands",
+    "-c",
+    "user.email=doc-commands@example.invalid",
+]
 
 
 def make_upstream(dest: str) -> str:
@@ -230,12 +236,12 @@ def _git_env(sandbox: Optional[str]) -> Dict[str, str]:
     return env
 
 
-SHIM = '''#!{python}
+SHIM = """#!{python}
 import sys
 sys.path.insert(0, {scripts!r})
 import doc_commands
 sys.exit(doc_commands.shim({role!r}, sys.argv[1:]))
-'''
+"""
 
 
 class Sandbox:
@@ -323,9 +329,7 @@ class Sandbox:
 def run_block(box: Sandbox, block: Block, timeout: int = 120) -> List[str]:
     where = f"{block.doc}:{block.line}"
     script = box.localise(block.text)
-    syntax = subprocess.run(
-        [BASH, "-n", "-c", script], capture_output=True, text=True
-    )
+    syntax = subprocess.run([BASH, "-n", "-c", script], capture_output=True, text=True)
     if syntax.returncode:
         return [f"{where}: bash -n: {syntax.stderr.strip()}"]
     open(box.log, "w").close()
@@ -349,10 +353,14 @@ def run_block(box: Sandbox, block: Block, timeout: int = 120) -> List[str]:
             for p in rec["problems"]:
                 problems.append(f"{where}: {rec['argv'][0]}: {p}")
     if rc != 0:
-        tail = "\n    ".join(out.strip().replace(box.base, "$SANDBOX").splitlines()[-24:])
-        problems.append(f"{where}: exit status {rc}; the block:\n    "
-                        + "\n    ".join(block.text.splitlines())
-                        + f"\n  its output's tail:\n    {tail}")
+        tail = "\n    ".join(
+            out.strip().replace(box.base, "$SANDBOX").splitlines()[-24:]
+        )
+        problems.append(
+            f"{where}: exit status {rc}; the block:\n    "
+            + "\n    ".join(block.text.splitlines())
+            + f"\n  its output's tail:\n    {tail}"
+        )
     return problems
 
 
@@ -388,7 +396,9 @@ def check(files: Optional[List[str]] = None, work: Optional[str] = None) -> Repo
 
 def _tree_recipe() -> List[Block]:
     blocks, _ = extract(os.path.join(ROOT, "benchmark", "image_burst", "README.md"))
-    return [b for b in blocks if "git clone" in b.text and "/tmp/sglang-series" in b.text]
+    return [
+        b for b in blocks if "git clone" in b.text and "/tmp/sglang-series" in b.text
+    ]
 
 
 # -------------------------------------------------------------------- shims
@@ -396,7 +406,9 @@ def _tree_recipe() -> List[Block]:
 
 def _cached(name: str, compute):
     """A value computed once per check run (in the work folder), not per shim."""
-    path = os.path.join(os.environ.get("DOC_WORK", tempfile.gettempdir()), name + ".json")
+    path = os.path.join(
+        os.environ.get("DOC_WORK", tempfile.gettempdir()), name + ".json"
+    )
     try:
         with open(path) as fh:
             return json.load(fh)
@@ -425,12 +437,15 @@ def _server_flags_now() -> set:
         flags.update(re.findall(r"[\"'](--[a-z0-9][a-z0-9-]*)[\"']", text))
         if os.sep + "fields" + os.sep in t:
             flags.update(
-                "--" + f.replace("_", "-") for f in re.findall(r"^\s+(\w+)\s*:", text, re.M)
+                "--" + f.replace("_", "-")
+                for f in re.findall(r"^\s+(\w+)\s*:", text, re.M)
             )
     return flags
 
 
-def _help_options(real_python: str, script: str, args: List[str], cwd: str) -> Optional[set]:
+def _help_options(
+    real_python: str, script: str, args: List[str], cwd: str
+) -> Optional[set]:
     """The options SCRIPT's --help lists (and its subcommand's, if any)."""
     key = re.sub(r"\W", "_", os.path.realpath(os.path.join(cwd, script)))
     if args and not args[0].startswith("-"):
@@ -493,7 +508,9 @@ def _check_script(script: str, args: List[str], cwd: str, env) -> List[str]:
         problems.append(f"{script} --help failed, so its options cannot be checked")
     elif opts is None:
         try:  # positional arguments only: the script must at least compile
-            compile(open(os.path.join(cwd, script), encoding="utf-8").read(), script, "exec")
+            compile(
+                open(os.path.join(cwd, script), encoding="utf-8").read(), script, "exec"
+            )
         except SyntaxError as exc:
             problems.append(f"{script} does not compile: {exc}")
     else:
@@ -507,7 +524,10 @@ def _named_by_code(name: str) -> bool:
     for d in ("benchmark", "scripts", "demo", "cpu_support"):
         for base, _, files in os.walk(os.path.join(ROOT, d)):
             for f in files:
-                if f.endswith(".py") and name in open(os.path.join(base, f), encoding="utf-8").read():
+                if (
+                    f.endswith(".py")
+                    and name in open(os.path.join(base, f), encoding="utf-8").read()
+                ):
                     return True
     return False
 
@@ -582,10 +602,14 @@ def _make(args: List[str], cwd: str, env) -> List[str]:
     targets = [a for a in args if not a.startswith("-")]
     makefile = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
     defined = set(re.findall(r"^([\w-]+):", makefile, re.M))
-    out = [f"make target {t} is not in the Makefile" for t in targets if t not in defined]
+    out = [
+        f"make target {t} is not in the Makefile" for t in targets if t not in defined
+    ]
     if not out:
         proc = subprocess.run(
-            ["/usr/bin/make", "-n", "-C", ROOT, *targets], capture_output=True, text=True
+            ["/usr/bin/make", "-n", "-C", ROOT, *targets],
+            capture_output=True,
+            text=True,
         )
         if proc.returncode:
             out.append(f"make -n {' '.join(targets)} failed: {proc.stderr.strip()}")
@@ -616,7 +640,9 @@ def shim(role: str, args: List[str]) -> int:
         elif subprocess.run([BASH, "-n", os.path.join(cwd, args[0])]).returncode:
             problems = [f"bash -n rejects {args[0]}"]
     with open(env["DOC_SHIM_LOG"], "a") as fh:
-        fh.write(json.dumps({"argv": [role, *args], "cwd": cwd, "problems": problems}) + "\n")
+        fh.write(
+            json.dumps({"argv": [role, *args], "cwd": cwd, "problems": problems}) + "\n"
+        )
     if real:
         proc = subprocess.run(
             [env["DOC_REAL_PYTHON"], *args],
@@ -630,7 +656,9 @@ def shim(role: str, args: List[str]) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("files", nargs="*", help="markdown files (default: every tracked *.md)")
+    p.add_argument(
+        "files", nargs="*", help="markdown files (default: every tracked *.md)"
+    )
     a = p.parse_args(argv)
     report = check([os.path.abspath(f) for f in a.files] or None)
     for line in report.problems:

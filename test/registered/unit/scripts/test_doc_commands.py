@@ -84,7 +84,9 @@ def test_options_flags_paths_and_programs_are_checked(tmp_path):
 def test_the_fixed_recipes_leave_the_series_applied(tmp_path):
     # Each doc's sandbox keeps its /tmp: the README's trees carry the series.
     work = tmp_path / "work"
-    doc_commands.check([str(ROOT / "benchmark" / "image_burst" / "README.md")], work=str(work))
+    doc_commands.check(
+        [str(ROOT / "benchmark" / "image_burst" / "README.md")], work=str(work)
+    )
     series = next(work.glob("sandbox/doc*/tmp/sglang-series"))
     base = next(work.glob("sandbox/doc*/tmp/sglang-base"))
     assert (series / "python" / "sglang" / ".fork-series" / "stamp.json").is_file()
