@@ -42,7 +42,7 @@ quiet() {
 # set, an import never writes its .pyc, and every process compiles again.
 C="-c requirements/constraints.txt --no-compile"
 if [ ! -f "$STAMP" ]; then
-  echo "setup: installing pip/setuptools, torch (from local disk), sglang --no-deps and the requirements"
+  echo "setup: installing pip/setuptools, torch, sglang --no-deps and the requirements"
   $PIP install $C -r requirements/build.txt 2>&1 | quiet   # pip, and setuptools for the stand-ins
 fi
 
@@ -70,11 +70,10 @@ finish() {  # NAME: wait for it; its messages; its failure stops the set-up
 # both; 0.5.22 as the release it must refuse), fetched by the one function
 # that fetches them, then the pristine and series trees (the A/B tests, the
 # pristine run); a later series change rebuilds the series tree on first use.
-trees() {
-  "$VENV/bin/python" cpu_support/server/sglang_trees.py --wheel 0.5.22 --wheel 0.5.23 &&
-    "$VENV/bin/python" cpu_support/server/sglang_trees.py
-}
-background trees trees
+# The release wheels first, in the foreground: the archive's fetch below reads
+# .cache/wheels too, and two pip downloads of one wheel into one folder race.
+"$VENV/bin/python" cpu_support/server/sglang_trees.py --wheel 0.5.22 --wheel 0.5.23 >/dev/null
+background trees "$VENV/bin/python" cpu_support/server/sglang_trees.py
 # The wheels the bare-GPU archive packs, for this Python (its tests pack one):
 # downloaded here once, not inside a test.
 background archive_wheels "$VENV/bin/python" benchmark/gpu_check/pack_gpu_check.py \
