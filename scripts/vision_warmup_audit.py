@@ -14,7 +14,7 @@ helper a call of its own, not a rank share of
 ``run_dp_sharded_mrope_vision_model``, reports its warm-up only). Compiles are Dynamo's own
 counter (``counters["frames"]["ok"]``, one per compiled or recompiled frame)
 plus the cache entries of the family's compiled functions; seconds are wall
-time on this machine.
+time of the machine that runs it.
 
     .venv/bin/python scripts/vision_warmup_audit.py                 # every family, every mode
     .venv/bin/python scripts/vision_warmup_audit.py --family glm4v --mode shipped

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Pack benchmark/gpu_check/gpu_vit_check.py for a bare GPU box into ONE archive (< 64 MiB).
+"""Pack benchmark/gpu_check/gpu_vit_check.py for a bare GPU box into ONE archive (at most --max-mib).
 
 The box may have no SGLang and no network: only Python, a CUDA (or ROCm)
 torch and torch's own dependencies. The archive is a zip application:
 
     python benchmark/gpu_check/pack_gpu_check.py        # here: out/gpu_check/gpu_vit_check_bare.pyz
-    timeout 280 python3 gpu_vit_check_bare.pyz --out "$OUT"  # there (run_gpu_check.py)
+    python3 gpu_vit_check_bare.pyz --out "$OUT"  # there (run_gpu_check.py)
 
 pip does the work here, so the box needs no pip: ``pip download`` fetches
 the wheels once into ``.cache/gpu_check_wheels`` (``--fetch-only`` does that
@@ -375,7 +375,7 @@ def main(argv=None) -> int:
         f"({len(manifest['series']['patches'])} patches), compiled wheels for {manifest['compiled_python']}"
     )
     print(
-        f'on the GPU box: timeout 280 python3 {os.path.basename(args.out)} --out "$OUT"  (benchmark/gpu_check/README.md)'
+        f'on the GPU box: python3 {os.path.basename(args.out)} --out "$OUT"  (benchmark/gpu_check/README.md)'
     )
     return 0
 

@@ -154,7 +154,7 @@ def server_command(
         "--port",
         str(port),
         # Without it each scheduler polls its sockets in a busy loop between
-        # requests: an idle TP2 server held 1.5 of this machine's 2 CPUs.
+        # requests: an idle TP2 server held 1.5 of a 2-CPU VM's CPUs.
         "--sleep-on-idle",
     ]
     if tp_size > 1:

@@ -1,6 +1,6 @@
 """The compile-line counter of benchmark/image_burst/bench_image_burst.py on real torch logs.
 
-Fixtures (fixtures/README.md) were captured on this machine: a plain
+Fixtures (fixtures/README.md) were captured on a CPU: a plain
 ``TORCH_LOGS=recompiles`` run, and a real two-rank CPU server log with
 ``TORCH_LOGS=recompiles,dynamo``. Expected counts were read off the files by
 hand (line numbers in the comments).

@@ -11,7 +11,7 @@ tiny Qwen3-VL through the real post-load hook and the real
   disk): the DP runner's call completes on both ranks with the same
   embeddings, and the failure is logged once;
 * the ViT CUDA graphs (``SGLANG_VIT_ENABLE_CUDA_GRAPH=1``): only the graph
-  capture itself is replaced (there is no CUDA on this machine), and the
+  capture itself is replaced (the tests run without CUDA), and the
   runner is let to capture the tiny tower's ``sdpa`` (a backend it otherwise
   runs eagerly throughout); the real runner's capture policy, its capacity,
   the counts in ``/metrics`` and what the warm-up leaves are the code under

@@ -44,7 +44,7 @@ def _hooked_classes():
     for module in pkgutil.iter_modules(models.__path__):
         try:
             importlib.import_module(f"sglang.srt.models.{module.name}")
-        except ImportError:  # a kernel package this machine lacks
+        except ImportError:  # a kernel package the CPU set-up lacks
             pass
 
     def walk(cls):

@@ -1,4 +1,4 @@
-"""benchmark/gpu_check/pack_gpu_check.py: the bare-GPU archive builds, stays under 64 MiB,
+"""benchmark/gpu_check/pack_gpu_check.py: the bare-GPU archive builds, stays under its --max-mib,
 and runs the check from nothing but itself and torch.
 
 The archive is packed with compiled wheels for THIS interpreter's Python (the
