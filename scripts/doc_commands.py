@@ -1,30 +1,45 @@
-"""Run every shell command the docs give, as written.
+"""Run every shell command the docs give, as a user would, in order.
 
     .venv/bin/python scripts/doc_commands.py [FILE.md ...]
 
 Every command of the docs lives in a fenced ```bash block (an indented or
 unlabelled block that holds a command is a problem), or in an inline code
 span that starts with a program (`make demo`). Each doc's commands run in
-order, each block in its own ``bash``, in a sandbox:
+the order the page gives them, each block in its own ``bash``, in a sandbox:
 
-* ``/path/to/this/repo`` is a copy of this repository made of links (the
-  checkout's files, its own empty ``out/``) and the commands start there;
-  ``/tmp/`` is the sandbox's; ``/path/to/sglang`` is a plain SGLang 0.5.23
-  checkout, and ``https://github.com/sgl-project/sglang`` clones one: a git
-  repository of SGLang's layout holding the files the series touches, taken
-  from the 0.5.23 wheel in ``.cache/wheels/``, tagged ``v0.5.23``;
+* ``/path/to/this/repo`` is a copy of this repository made of links (its own
+  ``scripts/``, ``patches/`` and empty ``out/``, so nothing a command writes
+  reaches the checkout; ``.cache/wheels/`` holds a stand-in 0.5.23 wheel of
+  the files the series touches) and the commands start there; ``/tmp/`` is
+  the sandbox's; ``/path/to/sglang`` is a plain SGLang 0.5.23 checkout, and
+  ``https://github.com/sgl-project/sglang`` clones one: a git repository of
+  SGLang's layout holding the files the series touches, taken from the 0.5.23
+  wheel in ``.cache/wheels/``, tagged ``v0.5.23``; the repository copy is a
+  git checkout of a private clone of this one, so a ``git clone`` of it
+  clones this checkout's committed HEAD;
 * ``HOME`` is empty and git has no identity, as in a fresh container;
-* ``git``, ``sed`` and the shell's own commands run for real, and so does
-  ``scripts/series.py`` on a tree under the sandbox's ``/tmp/``;
-* ``python``/``python3``/``.venv/bin/python``, ``torchrun`` and ``make`` are
-  checked, not run (the GPU runs, the benchmarks and ``make test`` take
-  minutes to hours): the script or module exists where the command runs,
-  every option is one its ``--help`` lists, every server flag after ``--``
-  or of ``sglang.launch_server`` is one SGLang 0.5.23 with the series
-  defines, every ``PYTHONPATH`` entry and pytest path exists, a ``-c``
-  program compiles, and a ``make`` target is the Makefile's and ``make -n``
-  accepts it. Substitutions (``$(...)``) are evaluated by bash where the
-  command runs, so what they expand to is what gets checked;
+* ``git``, ``sed`` and the shell's own commands run for real, and so do
+  ``scripts/series.py`` (every subcommand) on trees under the sandbox's
+  ``/tmp/`` that exist, and ``python -m zipfile -e`` into it;
+  ``series.py`` output that tells the user to revert and apply again is a
+  problem;
+* other ``python``/``python3``/``.venv/bin/python``, ``torchrun``, ``make``
+  and ``bash`` commands are checked, not run (the GPU runs, the benchmarks
+  and ``make test`` take minutes to hours): the script or module exists
+  where the command runs, every option is one its ``--help`` lists, every
+  server flag after ``--`` or of ``sglang.launch_server`` is one SGLang 0.5.23
+  with the series defines, every ``PYTHONPATH`` entry and pytest path
+  exists, every path the command reads (``--target``, ``--onto``,
+  ``--a-target``, ``--model-path`` ...) exists or was written by an earlier
+  checked command of the page (``--out``, ``--out-dir``, ``pip download
+  -d`` ...), a ``-c`` program compiles, and a ``make`` target is the
+  Makefile's and ``make -n`` accepts it. Substitutions (``$(...)``) are
+  evaluated by bash where the command runs, so what they expand to is what
+  gets checked;
+* a ``/tmp/NAME`` a page uses must be made by an earlier line of the page
+  (``git clone``, ``zipfile -e``, ``mkdir``, ``--out`` ...) or by the section
+  of another doc the page links to (a documented precondition), whose blocks
+  then run first;
 * any other program is not found, so a doc cannot give a command no test
   checks.
 
@@ -224,6 +239,18 @@ def make_upstream(dest: str) -> str:
     return dest
 
 
+def make_wheel(dest: str) -> str:
+    """A stand-in for the 0.5.23 wheel: the same names, only the files the
+    series touches (and the package's version), so extracting and importing
+    it take seconds."""
+    wanted = {p.removeprefix("python/") for p in _touched_files()}
+    wanted |= {"sglang/version.py", "sglang/__init__.py"}
+    with zipfile.ZipFile(WHEEL) as whl, zipfile.ZipFile(dest, "w") as out:
+        for name in sorted(wanted & set(whl.namelist())):
+            out.writestr(name, whl.read(name))
+    return dest
+
+
 def _git_env(sandbox: Optional[str]) -> Dict[str, str]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -258,10 +285,38 @@ class Sandbox:
         for d in (self.repo, self.bin):
             os.makedirs(d)
         for name in os.listdir(ROOT):
-            if name in (".git", ".venv", "out"):
+            if name in (".git", ".venv", "out", ".cache", "scripts", "patches"):
                 continue
             os.symlink(os.path.join(ROOT, name), os.path.join(self.repo, name))
         os.makedirs(os.path.join(self.repo, "out"))
+        # Real copies: series.py finds patches/ beside its own file, and
+        # export writes there.
+        for name in ("scripts", "patches"):
+            shutil.copytree(
+                os.path.join(ROOT, name),
+                os.path.join(self.repo, name),
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
+        cache = os.path.join(self.repo, ".cache")
+        os.makedirs(os.path.join(cache, "wheels"))
+        for name in os.listdir(os.path.join(ROOT, ".cache")):
+            if name != "wheels":
+                os.symlink(
+                    os.path.join(ROOT, ".cache", name), os.path.join(cache, name)
+                )
+        make_wheel(os.path.join(cache, "wheels", os.path.basename(WHEEL)))
+        # The sandbox's repository is a git checkout of its own (a private
+        # clone of this one's commits), so a clean-clone recipe clones it and
+        # no doc's git command reaches this checkout.
+        private = os.path.join(base, "git")
+        subprocess.run(
+            ["git", "clone", "-q", "--no-checkout", ROOT, private],
+            env=_git_env(None),
+            check=True,
+            capture_output=True,
+        )
+        with open(os.path.join(self.repo, ".git"), "w") as fh:
+            fh.write(f"gitdir: {os.path.join(private, '.git')}\n")
         os.makedirs(os.path.join(self.repo, ".venv", "bin"))
         self._shim(os.path.join(self.repo, ".venv", "bin", "python"), "python")
         for prog in CHECKED:
@@ -286,6 +341,8 @@ class Sandbox:
         self.sglang = os.path.join(doc, "sglang")
         os.makedirs(self.tmp)
         os.makedirs(self.home)
+        self.made = os.path.join(doc, "made.txt")
+        open(self.made, "w").close()
         if "/path/to/sglang" in text:
             subprocess.run(
                 ["git", "clone", "-q", self.upstream, self.sglang],
@@ -318,6 +375,8 @@ class Sandbox:
             "DOC_SHIM_LOG": self.log,
             "DOC_REAL_PYTHON": sys.executable,
             "DOC_WORK": self.base,
+            "DOC_MADE": getattr(self, "made", os.devnull),
+            "TMPDIR": getattr(self, "tmp", self.base),
         }
 
     def localise(self, text: str) -> str:
@@ -377,13 +436,10 @@ def check(files: Optional[List[str]] = None, work: Optional[str] = None) -> Repo
             report.problems += problems
             if not blocks:
                 continue
-            text = "\n".join(b.text for b in blocks)
-            box.new_doc(text)
-            if "/tmp/sglang-" in text and "git clone" not in text:
-                # The trees of the benchmark README's recipe, made as it makes them.
-                for block in _tree_recipe():
-                    report.problems += run_block(box, block)
-            for block in blocks:
+            pre, unmade = preconditions(path, blocks)
+            report.problems += unmade
+            box.new_doc("\n".join(b.text for b in pre + blocks))
+            for block in pre + blocks:
                 report.blocks += 1
                 report.problems += run_block(box, block)
                 with open(box.log) as fh:
@@ -394,11 +450,94 @@ def check(files: Optional[List[str]] = None, work: Optional[str] = None) -> Repo
     return report
 
 
-def _tree_recipe() -> List[Block]:
-    blocks, _ = extract(os.path.join(ROOT, "benchmark", "image_burst", "README.md"))
+_TMP_PATH = re.compile(r"(?<![\w./-])/tmp/[\w.-]+")
+# How a line makes a /tmp/NAME that later lines use.
+_MAKES = [
+    re.compile(p)
+    for p in (
+        r"\bgit clone\b.*?\s(/tmp/[\w.-]+)",
+        r"\bzipfile -e \S+ (/tmp/[\w.-]+)",
+        r"\bmkdir (?:-p )?(/tmp/[\w.-]+)",
+        r"--(?:out|out-dir|workdir|out-json|out-md)[ =](/tmp/[\w.-]+)",
+        r"\s-d (/tmp/[\w.-]+)",
+        r">\s*(/tmp/[\w.-]+)",
+    )
+]
+
+
+def made_and_used(blocks: List[Block]):
+    """The /tmp paths the blocks make, and each use of one (block, path)
+    before a line made it, in the order a reader runs them."""
+    made: set = set()
+    unmade = []
+    for b in blocks:
+        for line in b.text.splitlines():
+            makes = {m.group(1) for r in _MAKES for m in r.finditer(line)}
+            unmade += [(b, u) for u in _TMP_PATH.findall(line) if u not in made | makes]
+            made |= makes
+    return made, unmade
+
+
+def section_blocks(path: str, anchor: str) -> List[Block]:
+    """The command blocks under the heading ANCHOR of PATH, down to the next
+    heading of the same or a higher level."""
+    lines = open(path, encoding="utf-8").read().splitlines()
+    seen: Dict[str, int] = {}
+    start = end = None
+    level = 0
+    in_fence = False
+    for n, line in enumerate(lines, 1):
+        if _FENCE.match(line):
+            in_fence = not in_fence
+        if in_fence or not line.startswith("#"):
+            continue
+        depth = len(line) - len(line.lstrip("#"))
+        a = check_docs.github_anchor(line.lstrip("#"))
+        k = seen.get(a, 0)
+        seen[a] = k + 1
+        if start is not None and depth <= level:
+            end = n
+            break
+        if start is None and (a if k == 0 else f"{a}-{k}") == anchor:
+            start, level = n, depth
+    if start is None:
+        return []
+    blocks, _ = extract(path)
     return [
-        b for b in blocks if "git clone" in b.text and "/tmp/sglang-series" in b.text
+        b for b in blocks if not b.inline and start < b.line < (end or len(lines) + 1)
     ]
+
+
+def preconditions(path: str, blocks: List[Block]):
+    """Blocks of the sections of other docs the page links to that make a
+    /tmp path the page uses without making it (they run first), and one
+    problem per path that neither the page nor such a section makes."""
+    _, unmade = made_and_used(blocks)
+    missing = {u for _, u in unmade}
+    pre: List[Block] = []
+    if missing:
+        text = open(path, encoding="utf-8").read()
+        for target in check_docs._LINK.findall(text):
+            file, _, anchor = target.partition("#")
+            if not anchor or not file.endswith(".md") or re.match(r"^[a-z]+:", file):
+                continue
+            full = os.path.normpath(os.path.join(os.path.dirname(path), file))
+            if full == os.path.normpath(path) or not os.path.isfile(full):
+                continue
+            sec = section_blocks(full, anchor)
+            sec_made, _ = made_and_used(sec)
+            if sec_made & missing:
+                pre += [b for b in sec if b not in pre]
+                missing -= sec_made
+    problems, told = [], set()
+    for b, u in unmade:
+        if u in missing and u not in told:
+            told.add(u)
+            problems.append(
+                f"{b.doc}:{b.line}: uses {u}, which no earlier step of the page "
+                "and no recipe it links to makes"
+            )
+    return pre, problems
 
 
 # -------------------------------------------------------------------- shims
@@ -517,6 +656,7 @@ def _check_script(script: str, args: List[str], cwd: str, env) -> List[str]:
         problems += _flag_problems(own, opts, f"{script}: option")
     if server:
         problems += _flag_problems(server, _server_flags(), "server flag")
+    problems += _path_problems(*_option_paths(args), cwd, env)
     return problems
 
 
@@ -545,7 +685,11 @@ def _check_module(mod: str, args: List[str], cwd: str, env) -> List[str]:
         if not any(not a.startswith("-") for a in args) and "-q" in args and False:
             out.append("pytest got no path")
         return out
-    if mod in ("zipfile", "venv", "pip", "compileall"):
+    if mod == "zipfile" and args[:1] == ["-e"] and len(args) == 3:
+        return _path_problems([("zipfile -e", args[1])], [args[2]], cwd, env)
+    if mod == "pip":
+        return _path_problems([], _option_paths(args)[1], cwd, env)
+    if mod in ("zipfile", "venv", "compileall"):
         return []
     if mod.startswith("sglang."):
         roots = [p for p in env.get("PYTHONPATH", "").split(":") if p] + [
@@ -559,7 +703,9 @@ def _check_module(mod: str, args: List[str], cwd: str, env) -> List[str]:
         ):
             return [f"no module {mod}"]
         if mod == "sglang.launch_server":
-            return _flag_problems(args, _server_flags(), "server flag")
+            return _flag_problems(
+                args, _server_flags(), "server flag"
+            ) + _path_problems(*_option_paths(args), cwd, env)
         return []
     return [f"no check for python -m {mod}"]
 
@@ -585,15 +731,90 @@ def _python(args: List[str], cwd: str, env) -> List[str]:
     return problems + _check_script(args[0], args[1:], cwd, env)
 
 
+SERIES_COMMANDS = ("check", "status", "apply", "revert", "import", "export", "rebase")
+# Options whose value is a path the command reads, or one it writes.
+READ_OPTS = (
+    "--target",
+    "--onto",
+    "--a-target",
+    "--b-target",
+    "--sglang-target",
+    "--model-path",
+    "--build",
+)
+WRITE_OPTS = ("--out", "--out-dir", "--workdir", "--out-json", "--out-md", "-d")
+
+
+def _in_tmp(path: str, cwd: str, env) -> bool:
+    full = os.path.abspath(os.path.join(cwd, path))
+    return full.startswith(env["DOC_TMP"] + os.sep)
+
+
 def _runs_for_real(args: List[str], cwd: str, env) -> bool:
-    """scripts/series.py on a tree inside the sandbox's /tmp runs for real."""
+    """scripts/series.py on trees inside the sandbox's /tmp that exist, and
+    ``python -m zipfile -e`` of a file that exists into it, run for real."""
+    if args[:3] == ["-m", "zipfile", "-e"] and len(args) == 5:
+        return os.path.isfile(os.path.join(cwd, args[3])) and _in_tmp(args[4], cwd, env)
     if not args or os.path.normpath(args[0]) != "scripts/series.py":
         return False
-    if len(args) < 2 or args[1] not in ("check", "status", "apply", "revert"):
-        return False  # import/export/rebase work on a whole release tree: checked
-    tmp = env["DOC_TMP"] + os.sep
-    targets = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--target"]
-    return bool(targets) and all(os.path.abspath(t).startswith(tmp) for t in targets)
+    if len(args) < 2 or args[1] not in SERIES_COMMANDS:
+        return False
+    trees = [
+        args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--target", "--onto")
+    ]
+    return bool(trees) and all(
+        _in_tmp(t, cwd, env) and os.path.isdir(os.path.join(cwd, t)) for t in trees
+    )
+
+
+def _made(env) -> List[str]:
+    try:
+        with open(env["DOC_MADE"]) as fh:
+            return [x for x in fh.read().splitlines() if x]
+    except OSError:
+        return []
+
+
+def _path_problems(reads: List[tuple], writes: List[str], cwd: str, env) -> List[str]:
+    """Each path a checked command reads exists or an earlier checked command
+    of the page writes it; record what this one writes."""
+    made = _made(env)
+    out = []
+    for opt, value in reads:
+        if not value or (opt == "--model-path" and not value.startswith(("/", "."))):
+            continue  # a Hugging Face id, or a substitution the sandbox left empty
+        full = os.path.abspath(os.path.join(cwd, value))
+        if not os.path.exists(full) and not any(
+            full == m or full.startswith(m + os.sep) for m in made
+        ):
+            out.append(
+                f"{opt} {value}: no such path, and no earlier step of the page makes it"
+            )
+    if writes and env.get("DOC_MADE"):
+        with open(env["DOC_MADE"], "a") as fh:
+            for w in writes:
+                fh.write(os.path.abspath(os.path.join(cwd, w)) + "\n")
+    return out
+
+
+def _option_paths(args: List[str]):
+    """(reads, writes): the values of READ_OPTS and WRITE_OPTS in ARGS."""
+    reads, writes = [], []
+    for i, a in enumerate(args):
+        name, eq, value = a.partition("=")
+        if eq and name.startswith("--"):
+            opt = name
+        elif i + 1 < len(args):
+            opt, value = a, args[i + 1]
+        else:
+            continue
+        if opt in READ_OPTS:
+            if opt == "--build":
+                value = value.partition("=")[2]
+            reads.append((opt, value))
+        elif opt in WRITE_OPTS:
+            writes.append(value)
+    return reads, writes
 
 
 def _make(args: List[str], cwd: str, env) -> List[str]:
@@ -639,16 +860,32 @@ def shim(role: str, args: List[str]) -> int:
             problems = [f"no script {args[0] if args else ''} in {cwd}"]
         elif subprocess.run([BASH, "-n", os.path.join(cwd, args[0])]).returncode:
             problems = [f"bash -n rejects {args[0]}"]
-    with open(env["DOC_SHIM_LOG"], "a") as fh:
-        fh.write(
-            json.dumps({"argv": [role, *args], "cwd": cwd, "problems": problems}) + "\n"
-        )
+    rc = None
     if real:
         proc = subprocess.run(
             [env["DOC_REAL_PYTHON"], *args],
             env={**env, "PATH": env["PATH"] + ":/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
         )
-        return proc.returncode
+        sys.stdout.write(proc.stdout)
+        sys.stderr.write(proc.stderr)
+        rc = proc.returncode
+        if "run `series.py revert`" in proc.stdout + proc.stderr:
+            problems.append(
+                f"{' '.join(args)} tells the user to revert and apply again: "
+                + next(
+                    x.strip()
+                    for x in (proc.stdout + proc.stderr).splitlines()
+                    if "series.py revert" in x
+                )
+            )
+    with open(env["DOC_SHIM_LOG"], "a") as fh:
+        fh.write(
+            json.dumps({"argv": [role, *args], "cwd": cwd, "problems": problems}) + "\n"
+        )
+    if rc is not None:
+        return rc
     for p in problems:
         print(f"doc-commands: {p}", file=sys.stderr)
     return 1 if problems else 0
