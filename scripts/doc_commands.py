@@ -51,6 +51,7 @@ block's output tail) and exits 1 if there is one.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
@@ -239,6 +240,20 @@ def make_upstream(dest: str) -> str:
     return dest
 
 
+_SHARED: Dict[str, str] = {}
+
+
+def _shared_upstream() -> str:
+    """The stand-in SGLang checkout, with the stand-in wheel beside it, built
+    once per process: every sandbox only reads them."""
+    if "upstream" not in _SHARED:
+        base = tempfile.mkdtemp(prefix="doc-commands-upstream-")
+        atexit.register(shutil.rmtree, base, True)
+        make_wheel(os.path.join(base, os.path.basename(WHEEL)))
+        _SHARED["upstream"] = make_upstream(os.path.join(base, "upstream"))
+    return _SHARED["upstream"]
+
+
 def make_wheel(dest: str) -> str:
     """A stand-in for the 0.5.23 wheel: the same names, only the files the
     series touches (and the package's version), so extracting and importing
@@ -304,7 +319,10 @@ class Sandbox:
                 os.symlink(
                     os.path.join(ROOT, ".cache", name), os.path.join(cache, name)
                 )
-        make_wheel(os.path.join(cache, "wheels", os.path.basename(WHEEL)))
+        shutil.copy(
+            os.path.join(os.path.dirname(upstream), os.path.basename(WHEEL)),
+            os.path.join(cache, "wheels", os.path.basename(WHEEL)),
+        )
         # The sandbox's repository is a git checkout of its own (a private
         # clone of this one's commits), so a clean-clone recipe clones it and
         # no doc's git command reaches this checkout.
@@ -429,7 +447,7 @@ def check(files: Optional[List[str]] = None, work: Optional[str] = None) -> Repo
     own = work is None
     work = work or tempfile.mkdtemp(prefix="doc-commands-")
     try:
-        upstream = make_upstream(os.path.join(work, "upstream"))
+        upstream = _shared_upstream()
         box = Sandbox(os.path.join(work, "sandbox"), upstream)
         for path in files:
             blocks, problems = extract(path)
