@@ -11,7 +11,7 @@ The classes are found, not listed: every module of ``sglang.srt.models`` is
 imported and each class that defines ``dp_encoder_spreads_images`` is walked
 through ``__subclasses__``. Each is built as such a subclass is (an
 ``nn.Module`` holding only a config) and, on one process published as TP rank 1
-of attention-TP 2 with ``--mm-enable-dp-encoder`` on CUDA (where every other
+of attention-TP 2 with ``--mm-enable-dp-encoder`` on ROCm (where every other
 condition says warm), must answer ``dp_encoder_spreads_images()`` False and
 return from SGLang's post-load bracket without a vision warm-up line.
 """
@@ -75,7 +75,7 @@ def _worker(rank, world_size, init_method):
         torch.nn.Module.__init__(model)
         model.config = types.SimpleNamespace(language_only=False, encoder_only=False)
         row = {}
-        with H.on_platform("CUDA"), get_mm().override(
+        with H.on_platform("ROCm"), get_mm().override(
             mm_enable_dp_encoder=True
         ), get_parallel().override(tp_rank=1, attn_tp_rank=1), H.warm_up_log() as log:
             for hook in ("spreads", "post_load"):

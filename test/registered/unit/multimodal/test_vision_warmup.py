@@ -214,8 +214,8 @@ def _rank_worker(rank, world_size, init_method, flag):
         name: (model.visual is None, _hook_calls(model, *GATE))
         for name, model in no_tower.items()
     }
-    # An --encoder-only server batches requests on every platform, so it
-    # warms wherever the DP encoder spreads images, NPU included.
+    # An --encoder-only server decides as a regular one: NPU never batches
+    # across requests, so it warms nothing there.
     out["encoder_only_npu"] = _hook_calls(qwen3_vl, "NPU", True, encoder_only=True)
     out["qwen4_order"] = _qwen4_order(models["qwen4_exp"])
     # Last: rank 0 alone.
@@ -233,22 +233,23 @@ def expected_warm_up(platform, flag, attn_tp, kind, encoder_only):
     """The warm-up condition, as the issues state it (not as the code
     computes it). The DP encoder must spread this model's images
     (attention-TP > 1 and a model that says its encoder spreads them: a "dp"
-    model answers that it does exactly when the flag is on); then an
-    encoder-only server warms, otherwise this process must batch across
-    requests (CUDA and CPU always, ROCm under its gate, NPU/XPU never)."""
+    model answers that it does exactly when the flag is on), and this process
+    must batch them across requests: ROCm under its gate (the seed's
+    condition, the core patch), CUDA and every other platform but NPU/XPU
+    (the CUDA follow-up patch). An encoder-only server decides the same."""
     if not flag or attn_tp <= 1 or kind != "dp":
         return False
-    if encoder_only:
-        return True
     return platform in ("ROCm", "CUDA", "CPU")
 
 
 def test_warm_up_decision_table(decision_tables):
     """mm_utils.vision_warm_up_needed for every platform x flag x
     attention-TP x encoder row, on a regular and on an encoder-only server;
-    then its guards where everything else says warm. A language-model-only
-    checkpoint still answers True here: it builds no tower, so its hook warms
-    nothing (test_models_without_a_vision_tower_are_left_alone)."""
+    then what the former guards now answer where everything else says warm:
+    the condition alone, no guard. A language-only or language-model-only
+    checkpoint builds no tower, so its hook warms nothing
+    (test_models_without_a_vision_tower_are_left_alone); a later pipeline
+    stage warms its tower as the seed's hook does on every rank."""
     table = decision_tables["warm_up"]
     wrong = [
         (row + (eo,), table[row + (eo,)], expected_warm_up(*row, eo))
@@ -259,9 +260,9 @@ def test_warm_up_decision_table(decision_tables):
     assert wrong == [], "\n".join(f"{r}: got {g}, expected {w}" for r, g, w in wrong)
     assert decision_tables["warm_up_guards"] == {
         "warm": True,
-        "language_only": False,
+        "language_only": True,
         "language_model_only": True,
-        "pp_rank_1": False,
+        "pp_rank_1": True,
     }
 
 
@@ -309,16 +310,11 @@ def test_models_without_a_vision_tower_are_left_alone(ranks, name):
         assert calls == [] and lines == []
 
 
-def test_encoder_only_server_warms_every_rank_on_npu(ranks):
-    for rank, out in enumerate(ranks):
-        calls, lines = out["encoder_only_npu"]
-        assert (
-            calls == out["hook"]["qwen3_vl"][0] != []
-        ), rank  # the plan a regular server warms
-        assert len(lines) == 1 and lines[0].startswith(
-            f"vision warm-up (rank {rank}, Qwen3VLForConditionalGeneration): "
-            "3 tower calls in "
-        )
+def test_encoder_only_server_on_npu_warms_nothing(ranks):
+    """No warm-up of its own for an encoder-only server: on NPU, which keeps
+    one call per request, it warms nothing, as a regular server there."""
+    for out in ranks:
+        assert out["encoder_only_npu"] == ([], []) == out["hook_npu"]
 
 
 def test_qwen4_exp_warms_vision_first_then_its_split_k_precompile_once(ranks):
