@@ -5,11 +5,15 @@ The same GPU box as ``test_ab_dry_run.py`` (stub ``launch_server``, fake
 pristine and series trees): two alternating runs of mixed bursts, each with a
 bad image the server refuses. The series build's ``/metrics`` come from the
 series tree's own ``MMEncoderMetricsCollector`` (see ``stub_gpu_server.py``).
+With ``--throwaway-launch``: each build's untimed launch comes first, cold,
+and seeds the ready timeout of the launches after it, and the A/B still
+completes (these launches take no request, so the mixed and the burst path
+share them; one A/B checks both).
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=21, suite="stage-a-test-cpu")
+register_cpu_ci(est_time=26, suite="stage-a-test-cpu")
 
 import json  # noqa: E402
 
@@ -25,6 +29,7 @@ pytestmark = pytest.mark.control(
 
 def test_mixed_ab_on_the_gpu_path(gpu_box, capsys):  # noqa: F811
     argv = [
+        "--throwaway-launch",
         "--runs",
         "2",
         "--mixed",
@@ -60,8 +65,6 @@ def test_mixed_ab_on_the_gpu_path(gpu_box, capsys):  # noqa: F811
         REPO_ID,
         "--out-dir",
         str(gpu_box["out"]),
-        "--ready-timeout",
-        "60",
         "--gpu-release-timeout",
         "30",
         "--",
@@ -105,3 +108,39 @@ def test_mixed_ab_on_the_gpu_path(gpu_box, capsys):  # noqa: F811
     md = (gpu_box["out"] / "ab.md").read_text()
     assert md.startswith("## Mixed-traffic A/B")
     assert "| base |" in md and "| series |" in md and "3/3; 3/3" in md
+
+    # --throwaway-launch: one untimed launch a build, up and down with no
+    # request, before the timed runs.
+    out = gpu_box["out"]
+    assert [
+        (t["run"], t["build"], t["result"], t["mixed"]) for t in ab["throwaway"]
+    ] == [(None, "base", None, None), (None, "series", None, None)]
+    assert sorted(p.name for p in out.glob("*.server.log")) == [
+        "run1-base.server.log",
+        "run1-series.server.log",
+        "run2-base.server.log",
+        "run2-series.server.log",
+        "throwaway-base.server.log",
+        "throwaway-series.server.log",
+    ]
+    # The first throwaway launch takes the first-launch timeout; every later one,
+    # timed runs included, is derived from the launches before it.
+    launches = ab["throwaway"] + ab["runs"]
+    assert launches[0]["ready_timeout_s"] == 1800.0
+    for i, r in enumerate(launches[1:], start=1):
+        slowest = max(x["ready_s"] for x in launches[:i])
+        assert r["ready_timeout_s"] == max(300.0, 3 * slowest)
+    # Each of the six launches cold, with its own empty cache folders.
+    seen = [
+        json.loads((gpu_box["state"] / f"launch-{n}.json").read_text())["caches"]
+        for n in range(1, 7)
+    ]
+    for var in AB.CACHE_VARS:
+        assert len({s[var]["path"] for s in seen}) == 6
+        assert all(s[var]["files_at_start"] == [] for s in seen)
+    assert "- compile caches: 6 of 6 launches cold" in md
+    first = ab["throwaway"]
+    assert (
+        f"- untimed throwaway launches first: base {first[0]['ready_s']:.1f} s, "
+        f"series {first[1]['ready_s']:.1f} s"
+    ) in md
