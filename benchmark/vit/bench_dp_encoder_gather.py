@@ -1,36 +1,52 @@
 #!/usr/bin/env python
-"""The DP encoder's per-rank buffers at attention-TP 2, 4 and 8, vs the cap.
+"""The DP encoder's per-rank buffers at attention-TP 2, 4 and 8, padded and
+exact, vs the cap.
 
 SGLang's real ``Qwen3VLForConditionalGeneration`` is built with
 ``--mm-enable-dp-encoder`` on every rank, and a step of single-image requests
 goes through SGLang's real prefill-step function
 (``mm_schedule._get_chunked_prefill_embedding``), so each encoder call runs
 SGLang's real DP runner (``mm_utils.run_dp_sharded_mrope_vision_model``).
-The runner pads every rank's output to the largest rank's share, all-gathers
-the padded outputs and reassembles the images in order.
+Each step runs twice, through two gathers of uneven shares (``--paths``):
 
-Measured per rank, by observing the tensors the runner allocates (the
-all-gather's input and result, through a wrapper on the rank's
-attention-TP group; the runner's return value, through a wrapper on the
-name the model calls); the largest over the step's calls:
+* ``padded``: every rank's output padded to the largest share and
+  all-gathered (SGLang 0.5.23; forced through
+  ``mm_utils.dp_encoder_gather_path``);
+* ``exact``: the runner's own choice, each rank's exact rows into one buffer
+  of the call's rows (PyNccl's all-gather-v on NCCL/RCCL, one broadcast per
+  rank on gloo).
 
-* padded local output, gather buffer and reassembled output (bytes);
-* useful bytes: the real rows of the call with the largest gather, the part
-  of its gather buffer that is kept;
-* the gather as the formula gives it: attention-TP x the largest rank's
-  share (output tokens, from SGLang's load balancer on the call's patch
-  counts) x the tower's output row (out_hidden_size x (1 + deepstack
-  layers) x dtype bytes); a call of one image is broadcast instead (0);
-  the run stops if a measured gather differs from it;
+Measured per rank, by observing the tensors the rank's attention-TP group
+gathers (through wrappers on its ``all_gather``, ``all_gatherv`` and
+``broadcast``) and the runner's return value; the largest over the step's
+calls:
+
+* gather input, gather buffer and reassembled output (bytes); useful bytes:
+  the real rows of the call with the largest gather;
+* received / output: the gather buffer (a one-image call: its broadcast)
+  over the call's output; the run stops if the exact path's exceeds 1.1;
+* the gather as the formula gives it (docs/batching.md), from SGLang's load
+  balancer on the call's patch counts and the output row: the call's rows
+  exact or for equal shares, attention-TP x the largest share padded, none
+  for a one-image call (broadcast); the run stops if a measured gather
+  differs from it;
 * encoder calls (the cap splits a step);
-* vision step time, median of ``--repeats`` steps between barriers, only
-  where each rank has a core of its own, or a GPU of its own over NCCL/RCCL;
+* vision step time, median and range of ``--repeats`` steps between
+  barriers (the two paths alternate), only where each rank has a core of
+  its own, or a GPU of its own over NCCL/RCCL;
 * on a GPU, the step's device peak (``torch.cuda.max_memory_allocated``
   over the step minus what was allocated before it).
 
+The pre-sharded video runner (``run_dp_presharded_mrope_vision_model``,
+GLM-5-Next's decoded frames; the same tower, attention-TP + 1 frames, two on
+rank 0) and InternVL's tile runner (``run_dp_sharded_vision_model``; a tiny
+InternViT encoder, attention-TP + 1 tiles) run both paths too, checked
+against the same formula.
+
 Batches: ``small`` (16 images of 64 patches), ``large+small`` (one of 4096
-patches, then 15 of 64), ``large+tiny`` (one of 4096, then 7 of 4). Caps:
-unset and ``--caps`` (``--mm-max-encoder-input-tokens-per-batch``, set with
+patches, then 15 of 64), ``large+tiny`` (one of 4096, then 7 of 4),
+``2large+tiny`` (two of 4096 among 6 of 4). Caps: unset and ``--caps``
+(``--mm-max-encoder-input-tokens-per-batch``, set with
 ``get_mm().override``).
 
 CPU (gloo ranks spawned by ``cpu_support.ranks.gloo``; the tiny tower of
@@ -48,6 +64,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import shlex
@@ -67,6 +84,7 @@ BATCHES = {
     "small": [SMALL] * 16,
     "large+small": [LARGE] + [SMALL] * 15,
     "large+tiny": [LARGE] + [TINY] * 7,
+    "2large+tiny": [LARGE] + [TINY] * 3 + [LARGE] + [TINY] * 3,
 }
 CAPS = (512, 2048)
 # The text part only has to build at attention-TP 8: heads divisible by 8.
@@ -79,18 +97,77 @@ TEXT_TP8 = dict(
 
 
 @contextlib.contextmanager
-def observed_runner(model, calls: list):
-    """Record, per DP-runner call, the grids, the all-gather's input and
-    result, a broadcast's tensor and the runner's output (nbytes)."""
-    from sglang.srt.models import qwen3_vl
+def gather_path(path: str):
+    """``exact``: the runner's own choice. ``padded``: every uneven call
+    through the padded all-gather, as SGLang 0.5.23 gathers."""
+    from sglang.srt.multimodal import mm_utils
+
+    real = getattr(mm_utils, "dp_encoder_gather_path", None)
+    if path == "exact" and real is None:
+        sys.exit("bench_dp_encoder_gather: this sglang has no exact gather")
+    if path == "padded" and real is not None:
+        mm_utils.dp_encoder_gather_path = lambda group, shares: (
+            "all_gather" if len(set(shares)) == 1 else "padded"
+        )
+    try:
+        yield
+    finally:
+        if real is not None:
+            mm_utils.dp_encoder_gather_path = real
+
+
+@contextlib.contextmanager
+def observed_group(calls: list):
+    """Record, per DP-runner call (appended by the caller), what the rank's
+    attention-TP group gathers: the gather's input (``local``) and the buffer
+    it fills (``gather``; for one broadcast per rank, the one buffer the
+    pieces belong to), or a one-image call's broadcast."""
     from sglang.srt.runtime_context import get_parallel
 
     group = get_parallel().attn_tp_group
-    real_runner, real_gather, real_bcast = (
-        qwen3_vl.run_dp_sharded_mrope_vision_model,
-        group.all_gather,
-        group.broadcast,
-    )
+    real = {
+        n: getattr(group, n, None) for n in ("all_gather", "all_gatherv", "broadcast")
+    }
+
+    def all_gather(input_, *args, **kwargs):
+        result = real["all_gather"](input_, *args, **kwargs)
+        if calls:
+            calls[-1].update(local=input_.nbytes, gather=result.nbytes)
+        return result
+
+    def all_gatherv(input_, *args, **kwargs):
+        result = real["all_gatherv"](input_, *args, **kwargs)
+        if calls:
+            calls[-1].update(local=input_.nbytes, gather=result[0].nbytes)
+        return result
+
+    def broadcast(tensor, src=0, **kwargs):
+        if calls and len(calls[-1]["grids"]) == 1:
+            calls[-1]["broadcast"] = tensor.nbytes
+        elif calls:  # one piece of the exact buffer
+            calls[-1]["gather"] = tensor.untyped_storage().nbytes()
+            if src == group.rank_in_group:
+                calls[-1]["local"] = tensor.nbytes
+        return real["broadcast"](tensor, src=src, **kwargs)
+
+    group.all_gather, group.broadcast = all_gather, broadcast
+    if real["all_gatherv"] is not None:
+        group.all_gatherv = all_gatherv
+    try:
+        yield calls
+    finally:
+        for name, fn in real.items():
+            if fn is not None:
+                delattr(group, name)
+
+
+@contextlib.contextmanager
+def observed_runner(model, calls: list):
+    """Record, per call of the model's DP runner, its grids, its gather
+    (``observed_group``) and its output (nbytes; ``row``: one row)."""
+    from sglang.srt.models import qwen3_vl
+
+    real_runner = qwen3_vl.run_dp_sharded_mrope_vision_model
 
     def runner(vision_model, pixel_values, grid_thw_list, **kwargs):
         calls.append(dict(grids=[list(g) for g in grid_thw_list], local=0, gather=0))
@@ -99,40 +176,99 @@ def observed_runner(model, calls: list):
         calls[-1]["row"] = out[0].nbytes if out.shape[0] else 0
         return out
 
-    def all_gather(input_, *args, **kwargs):
-        result = real_gather(input_, *args, **kwargs)
-        if calls:
-            calls[-1].update(local=input_.nbytes, gather=result.nbytes)
-        return result
-
-    def broadcast(tensor, *args, **kwargs):
-        if calls:
-            calls[-1]["broadcast"] = tensor.nbytes
-        return real_bcast(tensor, *args, **kwargs)
-
     qwen3_vl.run_dp_sharded_mrope_vision_model = runner
-    group.all_gather, group.broadcast = all_gather, broadcast
     try:
-        yield calls
+        with observed_group(calls):
+            yield calls
     finally:
         qwen3_vl.run_dp_sharded_mrope_vision_model = real_runner
-        del group.all_gather, group.broadcast
 
 
-def predicted_gather(grids, ranks: int, merge: int, row_bytes: int) -> int:
-    """attention-TP x the largest share (output tokens) x the output row; a
-    one-image call is broadcast, with no gather."""
+def shares_of(grids, ranks: int, merge: int) -> list:
+    """Each rank's output tokens, as SGLang's load balancer assigns the
+    call's images by patch count."""
     from sglang.srt.multimodal.mm_utils import get_dp_encoder_lb_assignment
 
-    if len(grids) == 1:
-        return 0
     patches = [U.patches(g) for g in grids]
     order, counts, _ = get_dp_encoder_lb_assignment(patches, ranks)
     shares, start = [], 0
     for n in counts:
         shares.append(sum(patches[i] // merge**2 for i in order[start : start + n]))
         start += n
-    return ranks * max(shares) * row_bytes
+    return shares
+
+
+def predicted_gather(shares, row_bytes: int, path: str, one_image=False) -> int:
+    """The gather buffer by the formula: the call's T rows exact (or equal
+    shares), attention-TP x the largest share padded; a one-image call is
+    broadcast into its output, with no gather."""
+    if one_image:
+        return 0
+    if path == "exact" or len(set(shares)) == 1:
+        return sum(shares) * row_bytes
+    return len(shares) * max(shares) * row_bytes
+
+
+def presharded_calls(model, config, rank: int, ranks: int, device, dtype) -> list:
+    """The pre-sharded video runner (GLM-5-Next's decoded frames) on the same
+    tower: ranks + 1 frames of the ``small`` grid, two on rank 0, one on each
+    other rank; one record per path, as ``observed_runner`` keeps them."""
+    import torch
+
+    from sglang.srt.multimodal.mm_utils import run_dp_presharded_mrope_vision_model
+
+    v = config.vision_config
+    counts = [2] + [1] * (ranks - 1)
+    frames = [list(SMALL)] * (ranks + 1)
+    mine = frames[: counts[rank]]
+    values = v.in_channels * v.temporal_patch_size * v.patch_size**2
+    generator = torch.Generator().manual_seed(rank)
+    pixels = torch.randn(
+        sum(U.patches(g) for g in mine), values, generator=generator
+    ).to(device=device, dtype=dtype)
+    records = {}
+    for path in ("padded", "exact"):
+        calls = [dict(grids=frames, local=0, gather=0)]
+        with gather_path(path), observed_group(calls), torch.no_grad():
+            out = run_dp_presharded_mrope_vision_model(
+                model.visual, pixels, mine, frames, counts
+            )
+        calls[0].update(out=out.nbytes, row=out[0].nbytes)
+        records[path] = calls[0]
+    return records
+
+
+# InternViT at tiny sizes: 32x32-pixel tiles of 8x8 patches, 17 rows a tile.
+INTERN_VIT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+INTERN_VIT |= dict(num_attention_heads=2, image_size=32, patch_size=8)
+INTERN_VIT |= dict(qkv_bias=True, qk_normalization=False, norm_type="layer_norm")
+
+
+def tile_calls(rank: int, ranks: int, device, dtype) -> dict:
+    """InternVL's tile runner (``run_dp_sharded_vision_model``) on a tiny
+    InternViT encoder: attention-TP + 1 tiles, ceil(tiles / attention-TP) a
+    rank, the last ranks padded; one record per path."""
+    import torch
+
+    from sglang.srt.configs.internvl import InternVisionConfig
+    from sglang.srt.models.internvl import InternVisionModel
+    from sglang.srt.multimodal.mm_utils import run_dp_sharded_vision_model
+
+    config = InternVisionConfig(**INTERN_VIT, hidden_act="gelu")
+    vit = InternVisionModel(config, use_data_parallel=True).to(device, dtype)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _, param in sorted(vit.named_parameters()):
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    tiles = torch.randn(ranks + 1, 17, 32, generator=generator).to(device, dtype)
+    records = {}
+    for path in ("padded", "exact"):
+        calls = [dict(grids=[[1, 1, 1]] * (ranks + 1), local=0, gather=0)]
+        with gather_path(path), observed_group(calls), torch.no_grad():
+            out = run_dp_sharded_vision_model(tiles, vit.encoder)
+        calls[0].update(out=out.nbytes, row=out[0].nbytes)
+        records[path] = calls[0]
+    return records
 
 
 def rank_main(rank: int, world_size: int, init_method: str, opts: dict) -> dict:
@@ -161,28 +297,79 @@ def rank_main(rank: int, world_size: int, init_method: str, opts: dict) -> dict:
             requests = G.make_requests(BATCHES[name], config)
             for cap in opts["caps"]:
                 with get_mm().override(mm_max_encoder_input_tokens_per_batch=cap):
-                    step(requests)  # warm-up: this step's shapes
-                    calls = []
-                    with observed_runner(model, calls):
-                        step(requests)
-                    _, peak = step(requests, measure_peak=device == "cuda")
-                    times = [step(requests)[0] for _ in range(opts["repeats"])]
-                rows.append(
-                    dict(batch=name, cap=cap, calls=calls, peak_mib=peak, s=times)
-                )
-    return dict(device=dev.describe(), rows=rows)
+                    found = {}
+                    for path in opts["paths"]:
+                        with gather_path(path):
+                            step(requests)  # warm-up: this step's shapes
+                            calls = []
+                            with observed_runner(model, calls):
+                                step(requests)
+                            _, peak = step(requests, measure_peak=device == "cuda")
+                        found[path] = dict(calls=calls, peak_mib=peak, s=[])
+                    # The paths alternate, so both see the same load.
+                    for _ in range(opts["repeats"]):
+                        for path in opts["paths"]:
+                            with gather_path(path):
+                                found[path]["s"].append(step(requests)[0])
+                for path in opts["paths"]:
+                    rows.append(dict(batch=name, cap=cap, path=path, **found[path]))
+    presharded = presharded_calls(
+        model, config, rank, world_size, device, getattr(torch, opts["dtype"])
+    )
+    tiles = tile_calls(rank, world_size, device, getattr(torch, opts["dtype"]))
+    return dict(device=dev.describe(), rows=rows, presharded=presharded, tiles=tiles)
+
+
+MAX_EXACT_RATIO = 1.1
+PATHS = ("padded", "exact")
+RUNNERS = {
+    "presharded": "pre-sharded video (2 frames on rank 0, 1 on the others)",
+    "tiles": "InternVL tiles (attention-TP + 1)",
+}
+
+
+def check_call(c: dict, ranks: int, merge: int, path: str, runner: str) -> float:
+    """Stop if the call's gather differs from the formula, or if the exact
+    path received more than MAX_EXACT_RATIO x the call's output; return
+    what the rank received over the call's output."""
+    if runner == "presharded":  # two frames on rank 0, one on each other
+        frame = U.patches(SMALL) // merge**2
+        shares = [2 * frame] + [frame] * (ranks - 1)
+    elif runner == "tiles":  # ceil(tiles / ranks) a rank, in order
+        n = len(c["grids"])
+        each = -(-n // ranks)
+        shares = [max(0, min(each, n - r * each)) for r in range(ranks)]
+    else:
+        shares = shares_of(c["grids"], ranks, merge)
+    one_image = runner == "mrope" and len(c["grids"]) == 1
+    want = predicted_gather(shares, c["row"], path, one_image)
+    where = f"{runner}, {path}, {ranks} ranks, grids {c['grids']}"
+    if c["gather"] != want:
+        sys.exit(
+            f"bench_dp_encoder_gather: measured gather {c['gather']} B "
+            f"!= formula {want} B ({where})"
+        )
+    ratio = (c["gather"] or c.get("broadcast", 0)) / c["out"] if c["out"] else 0.0
+    if path == "exact" and ratio > MAX_EXACT_RATIO:
+        sys.exit(
+            f"bench_dp_encoder_gather: a rank received {ratio:.2f} x the "
+            f"call's output (> {MAX_EXACT_RATIO}; {where})"
+        )
+    return ratio
 
 
 def summarize(per_rank: list, opts: dict, timed: bool) -> list:
-    """One row per (batch, cap): each rank's largest buffers over the calls,
-    checked against the formula."""
+    """One row per (batch, cap, path): each rank's largest buffers over the
+    calls, each call checked against the formula."""
     ranks, merge = len(per_rank), opts["vision"]["spatial_merge_size"]
     out = []
     for i, row in enumerate(per_rank[0]["rows"]):
         mine = [r["rows"][i] for r in per_rank]
-        per = {k: [] for k in ("local", "gather", "out", "useful", "predicted")}
+        keys = ("local", "gather", "out", "useful", "predicted", "ratio")
+        per = {k: [] for k in keys}
         for r in mine:
             calls = r["calls"]
+            ratios = [check_call(c, ranks, merge, row["path"], "mrope") for c in calls]
             per["local"].append(max(c["local"] for c in calls))
             per["gather"].append(max(c["gather"] for c in calls))
             per["out"].append(max(c["out"] for c in calls))
@@ -190,72 +377,126 @@ def summarize(per_rank: list, opts: dict, timed: bool) -> list:
             peak = max(calls, key=lambda c: c["gather"])
             per["useful"].append(peak["out"] if peak["gather"] else 0)
             per["predicted"].append(
-                max(predicted_gather(c["grids"], ranks, merge, c["row"]) for c in calls)
-            )
-            for c in calls:
-                want = predicted_gather(c["grids"], ranks, merge, c["row"])
-                if c["gather"] != want:
-                    sys.exit(
-                        f"bench_dp_encoder_gather: measured gather {c['gather']} B "
-                        f"!= formula {want} B ({ranks} ranks, grids {c['grids']})"
+                max(
+                    predicted_gather(
+                        shares_of(c["grids"], ranks, merge),
+                        c["row"],
+                        row["path"],
+                        len(c["grids"]) == 1,
                     )
+                    for c in calls
+                )
+            )
+            per["ratio"].append(round(max(ratios), 2))
         step_s = [max(ts) for ts in zip(*(r["s"] for r in mine))]
         out.append(
             dict(
                 ranks=ranks,
                 batch=row["batch"],
                 cap=row["cap"],
+                path=row["path"],
                 calls=len(mine[0]["calls"]),
                 **per,
                 step_ms=1000 * statistics.median(step_s) if timed else None,
+                step_range_ms=(
+                    [1000 * min(step_s), 1000 * max(step_s)] if timed else None
+                ),
                 peak_mib=[r["peak_mib"] for r in mine],
             )
         )
     return out
 
 
+def summarize_presharded(per_rank: list, opts: dict) -> list:
+    """The pre-sharded video and InternVL tile runners' buffers per path,
+    checked likewise."""
+    ranks, merge = len(per_rank), opts["vision"]["spatial_merge_size"]
+    rows = []
+    for runner, path in itertools.product(("presharded", "tiles"), PATHS):
+        calls = [r[runner][path] for r in per_rank]
+        ratios = [check_call(c, ranks, merge, path, runner) for c in calls]
+        rows.append(
+            dict(
+                ranks=ranks,
+                runner=RUNNERS[runner],
+                path=path,
+                local=[c["local"] for c in calls],
+                gather=[c["gather"] for c in calls],
+                out=[c["out"] for c in calls],
+                ratio=[round(x, 2) for x in ratios],
+            )
+        )
+    return rows
+
+
 def _bytes(values: list) -> str:
     return str(values[0]) if len(set(values)) == 1 else " / ".join(map(str, values))
 
 
-def to_markdown(rows: list, device: str) -> str:
+def to_markdown(rows: list, presharded: list, device: str) -> str:
     gpu = any(m is not None for r in rows for m in r["peak_mib"])
     headers = [
         "attention-TP",
         "batch",
         "cap",
+        "path",
         "encoder calls",
-        "padded local (B)",
+        "gather input (B)",
         "gather buffer (B)",
         "formula (B)",
         "reassembled (B)",
         "useful (B)",
+        "received / output",
         "step median (ms)",
+        "step min-max (ms)",
     ] + (["device peak (MiB, per rank)"] if gpu else [])
     body = []
     for r in rows:
+        timed = r["step_ms"] is not None
         body.append(
             [
                 r["ranks"],
                 r["batch"],
                 "unset" if r["cap"] is None else r["cap"],
+                r["path"],
                 r["calls"],
                 _bytes(r["local"]),
                 _bytes(r["gather"]),
                 _bytes(r["predicted"]),
                 _bytes(r["out"]),
                 _bytes(r["useful"]),
-                "-" if r["step_ms"] is None else f"{r['step_ms']:.1f}",
+                _bytes(r["ratio"]),
+                f"{r['step_ms']:.1f}" if timed else "-",
+                "%.1f-%.1f" % tuple(r["step_range_ms"]) if timed else "-",
             ]
             + ([" / ".join(f"{m:.1f}" for m in r["peak_mib"])] if gpu else [])
         )
     head = (
         f"Device: {device}. Per rank, the largest over the step's encoder calls; "
-        "one value where every rank measured the same, else rank 0 / 1 / ...\n"
+        "one value where every rank measured the same, else rank 0 / 1 / ...; "
+        "received / output: the largest over the calls of the gather buffer "
+        "(a one-image call: its broadcast) over the call's output.\n"
     )
     if any(r["step_ms"] is None for r in rows):
-        head += "Step median '-': the ranks share cores or a GPU.\n"
-    return head + "\n" + U.markdown_table(headers, body)
+        head += "Step '-': the ranks share cores or a GPU.\n"
+    pre = U.markdown_table(
+        ["attention-TP", "runner", "path", "gather input (B)", "gather buffer (B)"]
+        + ["output (B)", "received / output"],
+        [
+            [r["ranks"], r["runner"], r["path"], _bytes(r["local"])]
+            + [_bytes(r["gather"])]
+            + [_bytes(r["out"]), _bytes(r["ratio"])]
+            for r in presharded
+        ],
+    )
+    return (
+        head
+        + "\n"
+        + U.markdown_table(headers, body)
+        + "\n\nThe pre-sharded video runner (frames of the small grid) and "
+        "InternVL's tile runner (a tiny InternViT, 17 rows a tile), on the same "
+        "ranks; every buffer equal to the formula:\n\n" + pre
+    )
 
 
 def parse_args(argv=None):
@@ -270,6 +511,11 @@ def parse_args(argv=None):
         "--caps",
         default=",".join(map(str, CAPS)),
         help="cap values besides unset (empty: unset only)",
+    )
+    p.add_argument(
+        "--paths",
+        default="padded,exact",
+        help="padded (SGLang 0.5.23's all-gather), exact (the runner's own gather)",
     )
     p.add_argument("--repeats", type=int, default=5, help="timed steps (>= 1)")
     p.add_argument(
@@ -300,6 +546,9 @@ def parse_args(argv=None):
     except ValueError as e:
         p.error(f"--tp and --caps take comma lists of integers ({e})")
     args.batches = [b for b in args.batches.split(",") if b]
+    args.paths = [x for x in args.paths.split(",") if x]
+    if not args.paths or set(args.paths) - {"padded", "exact"}:
+        p.error("--paths takes padded and/or exact")
     unknown = [b for b in args.batches if b not in BATCHES]
     if unknown or not args.batches or args.repeats < 1 or min(args.tp) < 2:
         p.error("--batches from the list, --repeats >= 1, each --tp >= 2")
@@ -325,9 +574,10 @@ def main(argv=None):
         batches=args.batches,
         caps=args.caps,
         repeats=args.repeats,
+        paths=args.paths,
         dist_backend="gloo" if device == "cpu" else args.dist_backend,
     )
-    rows, described = [], None
+    rows, presharded, described = [], [], None
     if torchrun:
         from cpu_support.standins import prepare
 
@@ -357,6 +607,7 @@ def main(argv=None):
             else args.dist_backend == "nccl"
         )
         rows, described = summarize(gathered, opts, timed), gathered[0]["device"]
+        presharded = summarize_presharded(gathered, opts)
     else:
         from cpu_support.ranks.gloo import run_on_ranks
 
@@ -365,6 +616,7 @@ def main(argv=None):
             # Eight ranks on two cores time the scheduler, not the tower.
             timed = ranks <= (os.cpu_count() or 1)
             rows += summarize(per_rank, opts, timed)
+            presharded += summarize_presharded(per_rank, opts)
             described = per_rank[0]["device"]
     if torchrun:
         described += f", {len(gathered)} ranks over {opts['dist_backend']}"
@@ -376,7 +628,7 @@ def main(argv=None):
             f"Qwen3-VL vision tower ({vision} sizes, random weights), {opts['dtype']}, "
             f"--mm-enable-dp-encoder; batches: "
             + "; ".join(f"{b}: {len(BATCHES[b])} images" for b in args.batches),
-            to_markdown(rows, described),
+            to_markdown(rows, presharded, described),
             "",
             f"Command: {shlex.join(cmd + (sys.argv[1:] if argv is None else list(argv)))}",
             f"Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
@@ -387,7 +639,8 @@ def main(argv=None):
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, "dp_encoder_gather")
         with open(stem + ".json", "w") as f:
-            json.dump(dict(device=described, vision=vision, rows=rows), f, indent=1)
+            record = dict(device=described, vision=vision, rows=rows)
+            json.dump(dict(record, presharded=presharded), f, indent=1)
         with open(stem + ".md", "w") as f:
             f.write(text + "\n")
     return rows
