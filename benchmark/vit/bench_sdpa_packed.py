@@ -132,16 +132,16 @@ def _mask_probe(VisionSdpaAttention, F):
 def worker(cfg, out_prefix):
     import gc
 
-    import sglang
     import torch
     import torch.nn.functional as F
+    from cpu_support.tiny_models import tiny_qwen3_vl as T
+
+    import sglang
     from sglang.srt.layers.attention.vision import (
         VisionSdpaAttention,
         prepare_vision_attention_metadata,
     )
     from sglang.srt.models.qwen3_vl import Qwen3VLMoeVisionModel
-
-    from cpu_support.tiny_models import tiny_qwen3_vl as T
 
     torch.set_num_threads(cfg["threads"])
     heads, head_dim = cfg["heads"], cfg["head_dim"]

@@ -92,6 +92,7 @@ def _randn(*shape, seed):
 
 def _worker(rank, world_size, init_method):
     from cpu_support.tiny_models import tiny_qwen3_vl as Q
+
     from sglang.srt.configs.internvl import InternVisionConfig
     from sglang.srt.configs.qwen3_vl import Qwen3VLVisionConfig
     from sglang.srt.models.internvl import InternVisionModel

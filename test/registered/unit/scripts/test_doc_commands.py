@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=25, suite="stage-a-test-cpu")
