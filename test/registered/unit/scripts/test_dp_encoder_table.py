@@ -175,7 +175,7 @@ def test_known_rows(installed):
         == "`getattr(self, 'use_data_parallel', False)`"
     )
     assert cell("InternVLChatModel", "warm-up plan") == (
-        "`vision_model`: `sorted({-(-tiles // tp_size) for tiles in (1, 13)})` "
+        "`vision_model`: `sorted({-(-tiles // attn_tp_size) for tiles in (1, 13)})` "
         "via `encode_share`"
     )
     assert cell("MuseSparkForConditionalGeneration", "warm-up plan") == (

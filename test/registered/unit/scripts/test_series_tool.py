@@ -688,7 +688,8 @@ def test_import_export_round_trip_and_edit_loop(pristine, tmp_path):
         "--fixed-strings",
     ).strip()
     p = work / "python" / MM_UTILS
-    p.write_text(p.read_text() + "\n# fixed up\n")
+    # At the top: no patch of the series touches the file's first lines.
+    p.write_text("# fixed up\n" + p.read_text())
     git(work, "commit", "-q", f"--fixup={gate}", "--", f"python/{MM_UTILS}")
     git(
         work,
