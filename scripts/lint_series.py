@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Lint the patch series the way SGLang's pre-commit lints a pull request.
 
-    .venv/bin/python scripts/lint_series.py [-v] [--tree DIR --pristine DIR]
+    .venv/bin/python scripts/lint_series.py [-v] [--tree DIR --pristine DIR] [--only FILE ...]
     .venv/bin/python scripts/lint_series.py --repo [--fix] [-v]   # make lint
 
 prints one verdict line per Python file the series touches and exits 1 when
@@ -422,6 +422,12 @@ def main(argv=None) -> int:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="one line per finding")
     p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="FILE",
+        help="judge only these of the series' files (paths as the verdicts name them)",
+    )
+    p.add_argument(
         "--repo",
         action="store_true",
         help="lint this repository's own Python files, each entirely",
@@ -450,6 +456,12 @@ def main(argv=None) -> int:
         else:
             pristine, tree = build_trees(work, args.patches)
         pairs, missing = series_pairs(pristine, tree, args.patches, not args.tree)
+        if args.only:
+            unknown = sorted(set(args.only) - set(pairs) - set(missing))
+            if unknown:
+                sys.exit(f"lint_series: not a file of the series: {', '.join(unknown)}")
+            pairs = {rel: pairs[rel] for rel in args.only if rel in pairs}
+            missing = [rel for rel in missing if rel in args.only]
         for rel in missing:
             print(f"FAIL  {rel}: not in {tree}")
         return report(pairs, work, args.verbose, missing=len(missing))

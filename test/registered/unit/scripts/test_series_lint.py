@@ -105,9 +105,12 @@ def test_misformatted_added_line_in_a_modified_file_fails_black(tampered, tmp_pa
     anchor = _line_after(Path(copy) / MODIFIED, "embedding_cache:")
     n = insert(MODIFIED, anchor, "_fork_probe = { 'a':1 }\n")
     assert _lint(pristine, copy, MODIFIED, tmp_path)[0] == [("black", n)]
-    # and the CLI says so, naming the file and the line, exit 1
+    # and the CLI says so, naming the file and the line, exit 1 (judging
+    # only the two files: the whole series is the first test's run)
+    only = ["--only", MODIFIED, CREATED]
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "-v", "--tree", copy, "--pristine", pristine],
+        [sys.executable, str(SCRIPT), "-v", "--tree", copy, "--pristine", pristine]
+        + only,
         capture_output=True,
         text=True,
         timeout=600,
@@ -115,6 +118,17 @@ def test_misformatted_added_line_in_a_modified_file_fails_black(tampered, tmp_pa
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert f"FAIL  {MODIFIED}" in proc.stdout and f"black L{n}:" in proc.stdout
     assert f"ok    {CREATED}" in proc.stdout
+    assert "FAILED: 1 of 2 file(s)" in proc.stdout
+
+
+def test_only_refuses_a_file_the_series_does_not_touch(trees, capsys):
+    pristine, tree = trees
+    argv = ["--tree", tree, "--pristine", pristine, "--only", MODIFIED, "setup.py"]
+    with pytest.raises(
+        SystemExit, match=r"^lint_series: not a file of the series: setup\.py$"
+    ):
+        L.main(argv)
+    assert capsys.readouterr().out == ""
 
 
 def test_bad_import_order_in_an_added_line_fails_isort(tampered, tmp_path):
