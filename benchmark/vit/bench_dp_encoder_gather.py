@@ -209,6 +209,21 @@ def predicted_gather(shares, row_bytes: int, path: str, one_image=False) -> int:
     return len(shares) * max(shares) * row_bytes
 
 
+def per_path(grids, run) -> dict:
+    """One record per gather path of one call of ``run`` (a DP runner), as
+    ``observed_runner`` keeps them."""
+    import torch
+
+    records = {}
+    for path in PATHS:
+        calls = [dict(grids=grids, local=0, gather=0)]
+        with gather_path(path), observed_group(calls), torch.no_grad():
+            out = run()
+        calls[0].update(out=out.nbytes, row=out[0].nbytes)
+        records[path] = calls[0]
+    return records
+
+
 def presharded_calls(model, config, rank: int, ranks: int, device, dtype) -> list:
     """The pre-sharded video runner (GLM-5-Next's decoded frames) on the same
     tower: ranks + 1 frames of the ``small`` grid, two on rank 0, one on each
@@ -226,16 +241,12 @@ def presharded_calls(model, config, rank: int, ranks: int, device, dtype) -> lis
     pixels = torch.randn(
         sum(U.patches(g) for g in mine), values, generator=generator
     ).to(device=device, dtype=dtype)
-    records = {}
-    for path in ("padded", "exact"):
-        calls = [dict(grids=frames, local=0, gather=0)]
-        with gather_path(path), observed_group(calls), torch.no_grad():
-            out = run_dp_presharded_mrope_vision_model(
-                model.visual, pixels, mine, frames, counts
-            )
-        calls[0].update(out=out.nbytes, row=out[0].nbytes)
-        records[path] = calls[0]
-    return records
+    return per_path(
+        frames,
+        lambda: run_dp_presharded_mrope_vision_model(
+            model.visual, pixels, mine, frames, counts
+        ),
+    )
 
 
 # InternViT at tiny sizes: 32x32-pixel tiles of 8x8 patches, 17 rows a tile.
@@ -261,14 +272,10 @@ def tile_calls(rank: int, ranks: int, device, dtype) -> dict:
         for _, param in sorted(vit.named_parameters()):
             param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
     tiles = torch.randn(ranks + 1, 17, 32, generator=generator).to(device, dtype)
-    records = {}
-    for path in ("padded", "exact"):
-        calls = [dict(grids=[[1, 1, 1]] * (ranks + 1), local=0, gather=0)]
-        with gather_path(path), observed_group(calls), torch.no_grad():
-            out = run_dp_sharded_vision_model(tiles, vit.encoder)
-        calls[0].update(out=out.nbytes, row=out[0].nbytes)
-        records[path] = calls[0]
-    return records
+    return per_path(
+        [[1, 1, 1]] * (ranks + 1),
+        lambda: run_dp_sharded_vision_model(tiles, vit.encoder),
+    )
 
 
 def rank_main(rank: int, world_size: int, init_method: str, opts: dict) -> dict:
@@ -328,10 +335,10 @@ RUNNERS = {
 }
 
 
-def check_call(c: dict, ranks: int, merge: int, path: str, runner: str) -> float:
+def check_call(c: dict, ranks: int, merge: int, path: str, runner: str) -> tuple:
     """Stop if the call's gather differs from the formula, or if the exact
-    path received more than MAX_EXACT_RATIO x the call's output; return
-    what the rank received over the call's output."""
+    path received more than MAX_EXACT_RATIO x the call's output; return the
+    formula's gather and what the rank received over the call's output."""
     if runner == "presharded":  # two frames on rank 0, one on each other
         frame = U.patches(SMALL) // merge**2
         shares = [2 * frame] + [frame] * (ranks - 1)
@@ -355,7 +362,7 @@ def check_call(c: dict, ranks: int, merge: int, path: str, runner: str) -> float
             f"bench_dp_encoder_gather: a rank received {ratio:.2f} x the "
             f"call's output (> {MAX_EXACT_RATIO}; {where})"
         )
-    return ratio
+    return want, ratio
 
 
 def summarize(per_rank: list, opts: dict, timed: bool) -> list:
@@ -369,24 +376,15 @@ def summarize(per_rank: list, opts: dict, timed: bool) -> list:
         per = {k: [] for k in keys}
         for r in mine:
             calls = r["calls"]
-            ratios = [check_call(c, ranks, merge, row["path"], "mrope") for c in calls]
+            checked = [check_call(c, ranks, merge, row["path"], "mrope") for c in calls]
+            wants, ratios = zip(*checked)
             per["local"].append(max(c["local"] for c in calls))
             per["gather"].append(max(c["gather"] for c in calls))
             per["out"].append(max(c["out"] for c in calls))
             # The real rows of the call with the largest gather (0: no gather).
             peak = max(calls, key=lambda c: c["gather"])
             per["useful"].append(peak["out"] if peak["gather"] else 0)
-            per["predicted"].append(
-                max(
-                    predicted_gather(
-                        shares_of(c["grids"], ranks, merge),
-                        c["row"],
-                        row["path"],
-                        len(c["grids"]) == 1,
-                    )
-                    for c in calls
-                )
-            )
+            per["predicted"].append(max(wants))
             per["ratio"].append(round(max(ratios), 2))
         step_s = [max(ts) for ts in zip(*(r["s"] for r in mine))]
         out.append(
@@ -414,7 +412,7 @@ def summarize_presharded(per_rank: list, opts: dict) -> list:
     rows = []
     for runner, path in itertools.product(("presharded", "tiles"), PATHS):
         calls = [r[runner][path] for r in per_rank]
-        ratios = [check_call(c, ranks, merge, path, runner) for c in calls]
+        ratios = [check_call(c, ranks, merge, path, runner)[1] for c in calls]
         rows.append(
             dict(
                 ranks=ranks,
