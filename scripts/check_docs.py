@@ -91,6 +91,7 @@ EXTERNAL_ENV = {
     "AITER_JIT_DIR": "aiter's JIT folder (newer releases)",
     "JIT_WORKSPACE_DIR": "aiter's JIT folder (older releases)",
     "MALLOC_MMAP_THRESHOLD_": "glibc malloc tunable",
+    "PYTEST_ADDOPTS": "pytest's extra command-line options",
 }
 
 # A dotted name starting with one of these is another library's, not checked.
